@@ -1,0 +1,36 @@
+# `make demo` and `make test` each set up .venv themselves on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# the stamp is keyed on the dependency files: editing either re-installs
+STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)
+
+.PHONY: venv demo test test-fast lint check clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	rm -f $(VENV)/.stamp-*
+	touch $@
+
+demo: venv
+	$(BIN)/shardpipes demo
+
+test: venv
+	$(BIN)/python -m pytest
+
+test-fast: venv  ## skips the slow multi-process tests
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: venv
+	$(BIN)/ruff format --check shardpipes tests
+	$(BIN)/ruff check shardpipes tests
+	$(BIN)/mypy
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

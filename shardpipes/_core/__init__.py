@@ -1,0 +1,1 @@
+"""Torch-free building blocks: brace expansion, tar parsing, grouping, the splitter."""

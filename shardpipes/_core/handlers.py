@@ -1,0 +1,77 @@
+"""Error handlers: what a stage does with a bad shard, member or sample.
+
+A handler is one of
+
+* ``"raise"`` (default): re-raise the error;
+* ``"warn"``: skip the bad item and emit a :class:`ShardpipesWarning` naming it;
+* ``"ignore"``: skip the bad item silently;
+* a callable ``(exc, context) -> bool``: return ``True`` to skip and go on, ``False`` to
+  re-raise. ``context`` is a dict with the ``stage`` and whatever is known of ``url``,
+  ``member`` and ``key``.
+
+Unlike WebDataset's ``warn_and_continue``, nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, Union
+
+__all__ = ["Handler", "ShardpipesWarning", "check_handler", "handle"]
+
+HandlerFn = Callable[[BaseException, dict[str, Any]], bool]
+Handler = Union[str, HandlerFn]
+
+_NAMES = ("raise", "warn", "ignore")
+
+
+class ShardpipesWarning(UserWarning):
+    """A bad shard, member or sample was skipped because the handler said so."""
+
+
+def check_handler(handler: Handler) -> Handler:
+    """Validate a handler argument at construction time.
+
+    Args:
+        handler: ``"raise"``, ``"warn"``, ``"ignore"`` or a callable ``(exc, context) -> bool``.
+
+    Returns:
+        The handler, unchanged.
+
+    Raises:
+        ValueError: For an unknown handler name.
+        TypeError: For something that is neither a name nor callable.
+    """
+    if isinstance(handler, str):
+        if handler not in _NAMES:
+            msg = f"handler must be one of {_NAMES} or a callable (got {handler!r})"
+            raise ValueError(msg)
+    elif not callable(handler):
+        msg = f"handler must be one of {_NAMES} or a callable (got {type(handler).__name__})"
+        raise TypeError(msg)
+    return handler
+
+
+def handle(handler: Handler, exc: BaseException, **context: Any) -> None:
+    """Apply ``handler`` to ``exc``: return to skip, or raise.
+
+    Call it from inside an ``except`` block; a bare ``raise`` in the caller is not needed.
+
+    Args:
+        handler: A handler accepted by :func:`check_handler`.
+        exc: The error caught.
+        **context: ``stage``, ``url``, ``member``, ``key``: passed to a callable handler.
+
+    Raises:
+        BaseException: ``exc`` itself, when the handler says not to skip.
+    """
+    if handler == "raise":
+        raise exc
+    if handler == "warn":
+        warnings.warn(f"skipped: {exc}", ShardpipesWarning, stacklevel=3)
+        return
+    if handler == "ignore":
+        return
+    if not handler(exc, context):  # type: ignore[operator]
+        raise exc

@@ -1,0 +1,324 @@
+"""A streaming tar reader that parses 512-byte headers itself.
+
+It reads large chunks (1 MiB) from any binary stream and slices members out of them, with
+no per-member ``TarInfo`` objects and nothing written to disk. It reads what GNU tar and
+Python's ``tarfile`` write: ustar (with the ``prefix`` field), GNU long names and long
+links (``././@LongLink``), pax extended headers (``path=`` and ``size=`` records, local and
+global), base-256 sizes, and gzip-compressed streams (detected by their magic bytes).
+Directories, links, devices and sparse files are skipped; only regular files are yielded.
+Like ``tarfile``, it stops at the first all-zero block and accepts a stream that ends at a
+header boundary without one.
+
+Every error is a :class:`~shardpipes.errors.TarFormatError` naming the URL, the member
+(where known) and the byte offset of the header in the uncompressed stream.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from typing import IO, NamedTuple
+
+from shardpipes.errors import TarFormatError
+
+__all__ = ["Member", "iter_members"]
+
+BLOCK = 512
+CHUNK = 1 << 20
+_ZERO = bytes(BLOCK)
+_REGULAR = frozenset(b"0\x007")
+_SUPPORTED = frozenset(b"0\x0071234567LKS")
+_SIGNED = struct.Struct("148b8x356b")
+_MAX_META = 1 << 20  # long names and pax headers larger than this are refused
+
+
+class Member(NamedTuple):
+    """A regular file in a tar stream.
+
+    ``data`` is ``None`` when the caller's ``keep`` function declined the member (its bytes
+    were skipped, not read). ``offset`` is where its first header starts (long-name and pax
+    headers included) and ``end`` where its padded data ends, in the uncompressed stream.
+    """
+
+    name: str
+    data: bytes | None
+    offset: int
+    end: int
+
+
+class _Reader:
+    """Buffered reads and skips over a binary stream, tracking the absolute position."""
+
+    def __init__(self, stream: IO[bytes], *, base: int = 0, limit: int | None = None) -> None:
+        self.stream = stream
+        self.buf = b""
+        self.pos = 0
+        self.base = base  # stream offset of buf[0]
+        self.left = limit  # bytes the stream may still give, None for no limit
+        try:
+            self.seekable = bool(stream.seekable())
+        except (AttributeError, OSError):
+            self.seekable = False
+
+    def tell(self) -> int:
+        return self.base + self.pos
+
+    def _raw(self, n: int) -> bytes:
+        """Read up to ``n`` bytes (fewer only at the end of the stream or of the limit)."""
+        if self.left is not None:
+            n = min(n, self.left)
+        parts, got = [], 0
+        while got < n:
+            data = self.stream.read(n - got)
+            if not data:
+                break
+            parts.append(data)
+            got += len(data)
+        if self.left is not None:
+            self.left -= got
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read(self, n: int) -> bytes:
+        end = self.pos + n
+        if end <= len(self.buf):
+            out = self.buf[self.pos : end]
+            self.pos = end
+            return out
+        head = self.buf[self.pos :]
+        self.base += len(self.buf)
+        need = n - len(head)
+        if need >= CHUNK:
+            self.buf, self.pos = b"", 0
+            tail = self._raw(need)
+            self.base += len(tail)
+        else:
+            self.buf = self._raw(CHUNK)
+            tail = self.buf[:need]
+            self.pos = len(tail)
+        return head + tail if head else tail
+
+    def skip(self, n: int) -> None:
+        end = self.pos + n
+        if end <= len(self.buf):
+            self.pos = end
+            return
+        rest = end - len(self.buf)
+        self.base += len(self.buf)
+        self.buf, self.pos = b"", 0
+        if self.seekable and rest > CHUNK and (self.left is None or rest <= self.left):
+            self.stream.seek(rest, 1)
+            self.base += rest
+            if self.left is not None:
+                self.left -= rest
+            return
+        while rest > 0:
+            got = len(self._raw(min(rest, CHUNK)))
+            if not got:
+                return
+            self.base += got
+            rest -= got
+
+
+class _Prepend:
+    """A read-only stream that gives ``head`` first, then the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self.head, self.stream = head, stream
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = (self.head, b"") if n < 0 else (self.head[:n], self.head[n:])
+            return out
+        return self.stream.read(n)
+
+    def readable(self) -> bool:
+        return True
+
+
+def _open(stream: IO[bytes], base: int, limit: int | None) -> _Reader:
+    """Wrap ``stream``, transparently decompressing it when it is gzip."""
+    reader = _Reader(stream, base=base, limit=limit)
+    head = reader._raw(2)
+    if head == b"\x1f\x8b":
+        gz = gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb")  # type: ignore[arg-type]
+        return _Reader(gz, base=0)  # offsets count uncompressed bytes
+    reader.buf = head
+    return reader
+
+
+def _nts(field: bytes) -> str:
+    end = field.find(b"\0")
+    return (field if end < 0 else field[:end]).decode("utf-8", "surrogateescape")
+
+
+def _number(field: bytes) -> int:
+    """Parse a numeric header field: octal text, or GNU base-256."""
+    if field[0] & 0x80:
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = _number(header[148:156])
+    unsigned = 256 + sum(header) - sum(header[148:156])
+    return stored == unsigned or stored == 256 + sum(_SIGNED.unpack_from(header))
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """Parse pax records: ``"%d %s=%s\\n"``."""
+    out, pos = {}, 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        record = data[space + 1 : pos + length - 1]
+        if length <= space - pos or data[pos + length - 1] != 0x0A:
+            raise ValueError(f"bad pax record at {pos}")  # noqa: EM102 - rewrapped by caller
+        key, _, value = record.partition(b"=")
+        out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _strip(name: str) -> str:
+    while name.startswith("./"):
+        name = name[2:]
+    return name
+
+
+def iter_members(
+    stream: IO[bytes],
+    *,
+    url: str,
+    keep: Callable[[str], bool] | None = None,
+    base: int = 0,
+    limit: int | None = None,
+) -> Iterator[Member]:
+    """Yield the regular files of a tar (or gzip-compressed tar) stream, in order.
+
+    Args:
+        stream: A binary stream positioned at a header boundary.
+        url: The shard's URL, for error messages.
+        keep: Called with each regular member's name before its data is read; when it
+            returns ``False`` the data is skipped (seeked over where possible) and the member
+            is yielded with ``data=None``.
+        base: The absolute offset of the stream's position (for reading a byte range).
+        limit: Read at most this many bytes from ``stream``.
+
+    Yields:
+        :class:`Member` tuples.
+
+    Raises:
+        TarFormatError: On a bad header, a bad checksum, truncation or bad gzip data.
+    """
+    reader = _open(stream, base, limit)
+    try:
+        yield from _members(reader, url, keep)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip errors surface from reads
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            raise
+        msg = f"unreadable compressed stream: {exc}"
+        raise TarFormatError(msg, url=url, offset=reader.tell()) from exc
+
+
+def _members(reader: _Reader, url: str, keep: Callable[[str], bool] | None) -> Iterator[Member]:
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    pax_global: dict[str, str] = {}
+    start = -1
+    while True:
+        pos = reader.tell()
+        header = reader.read(BLOCK)
+        if len(header) < BLOCK or header == _ZERO:
+            if 0 < len(header) < BLOCK or start >= 0:
+                raise TarFormatError("truncated header", url=url, offset=pos)
+            return
+        if start < 0:
+            start = pos
+        name, size, kind = _parse(header, url, pos)
+        padded = size + (-size) % BLOCK
+        if kind in b"LKxg":
+            meta = _meta(reader, size, padded, url, pos)
+            if kind == 0x4C:  # L: GNU long name
+                long_name = _nts(meta)
+            elif kind in b"xg":
+                (pax if kind == 0x78 else pax_global).update(_pax_or_raise(meta, url, pos))
+            continue
+        if pax or pax_global:
+            name, size, padded = _apply_pax({**pax_global, **pax}, name, size, padded, url, pos)
+        if long_name is not None:
+            name = long_name
+        member_start, start, long_name, pax = start, -1, None, {}
+        if kind not in _REGULAR or (kind == 0 and name.endswith("/")):
+            if kind not in _SUPPORTED or kind == 0x53:  # unknown types and sparse files
+                reader.skip(padded)
+            continue
+        name = _strip(name)
+        if keep is not None and not keep(name):
+            reader.skip(padded)
+            yield Member(name, None, member_start, reader.tell())
+            continue
+        data = reader.read(size)
+        if len(data) < size:
+            msg = f"truncated member ({len(data)} of {size} bytes)"
+            raise TarFormatError(msg, url=url, member=name, offset=member_start)
+        reader.skip(padded - size)
+        yield Member(name, data, member_start, reader.tell())
+
+
+def _parse(header: bytes, url: str, pos: int) -> tuple[str, int, int]:
+    """Return ``(name, size, typeflag)`` of one header block."""
+    name = _nts(header[0:100])
+    try:
+        ok = _checksum_ok(header)
+        size = _number(header[124:136])
+    except ValueError as exc:
+        msg = "bad header: a numeric field is not octal"
+        raise TarFormatError(msg, url=url, member=name or None, offset=pos) from exc
+    if not ok:
+        raise TarFormatError("bad header checksum", url=url, member=name or None, offset=pos)
+    if size < 0:
+        msg = f"bad header: negative size {size}"
+        raise TarFormatError(msg, url=url, member=name or None, offset=pos)
+    kind = header[156]
+    if kind not in b"LKS":
+        prefix = _nts(header[345:500])
+        if prefix:
+            name = f"{prefix}/{name}"
+    return name, size, kind
+
+
+def _meta(reader: _Reader, size: int, padded: int, url: str, pos: int) -> bytes:
+    """Read the data of a long-name or pax header."""
+    if size > _MAX_META:
+        msg = f"extended header of {size} bytes (limit {_MAX_META})"
+        raise TarFormatError(msg, url=url, offset=pos)
+    data = reader.read(size)
+    if len(data) < size:
+        raise TarFormatError("truncated extended header", url=url, offset=pos)
+    reader.skip(padded - size)
+    return data
+
+
+def _pax_or_raise(meta: bytes, url: str, pos: int) -> dict[str, str]:
+    try:
+        return _pax(meta)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TarFormatError("bad pax header", url=url, offset=pos) from exc
+
+
+def _apply_pax(
+    records: dict[str, str], name: str, size: int, padded: int, url: str, pos: int
+) -> tuple[str, int, int]:
+    name = records.get("path", name)
+    if "size" in records:
+        try:
+            size = int(records["size"])
+        except ValueError as exc:
+            msg = f"bad pax size {records['size']!r}"
+            raise TarFormatError(msg, url=url, member=name, offset=pos) from exc
+        padded = size + (-size) % BLOCK
+    return name, size, padded

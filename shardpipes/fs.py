@@ -1,0 +1,198 @@
+"""The only module that talks to fsspec: opening, globbing, ranged reads, listing, writing.
+
+Every function takes a URL in fsspec's grammar (a local path, ``file://``, ``memory://``,
+``s3://``, ``gs://``, ``az://``, ``https://``, chained ``simplecache::s3://…``) and the
+``storage_options`` given by the user, passed through unchanged to the filesystem.
+Errors are translated into ones that name the URL: a missing file is a
+:class:`~shardpipes.errors.ShardNotFoundError`, a missing backend an ``ImportError`` that
+says which extra to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
+
+from fsspec.core import url_to_fs as _fsspec_url_to_fs
+
+from shardpipes.errors import ShardNotFoundError
+
+__all__ = [
+    "exists",
+    "glob",
+    "has_magic",
+    "listdir",
+    "open_input",
+    "open_output",
+    "read_range",
+    "size",
+    "url_to_fs",
+]
+
+StorageOptions = Mapping[str, Any]
+
+# protocol -> the shardpipes extra that installs its fsspec backend
+_EXTRAS = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "adl": "azure",
+    "http": "http",
+    "https": "http",
+}
+
+_MAGIC = ("*", "?", "[")
+
+
+def has_magic(url: str) -> bool:
+    """Return whether ``url`` holds glob characters (``*``, ``?``, ``[``)."""
+    return any(c in url.rsplit("::", 1)[-1] for c in _MAGIC)
+
+
+def _protocol(url: str) -> str:
+    last = url.rsplit("::", 1)[-1]
+    return last.split("://", 1)[0] if "://" in last else "file"
+
+
+def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[Any, str]:
+    """Resolve ``url`` to an fsspec filesystem instance and the path within it.
+
+    Args:
+        url: Any fsspec URL, chained URLs included.
+        storage_options: Keyword arguments for the filesystem (credentials, endpoint…).
+
+    Returns:
+        ``(filesystem, path)``.
+
+    Raises:
+        ImportError: The backend for the URL's protocol is not installed; the message names
+            the install command.
+        ValueError: The protocol is unknown to fsspec.
+    """
+    try:
+        return _fsspec_url_to_fs(url, **dict(storage_options or {}))
+    except ImportError as exc:
+        proto = _protocol(url)
+        extra = _EXTRAS.get(proto)
+        hint = f"pip install 'shardpipes[{extra}]'" if extra else f"install the fsspec backend for {proto!r}"
+        msg = f"{url}: reading {proto}:// URLs needs an extra package: {hint}"
+        raise ImportError(msg) from exc
+    except ValueError as exc:
+        if "Protocol not known" in str(exc):
+            msg = f"{url}: unknown protocol {_protocol(url)!r}"
+            raise ValueError(msg) from exc
+        raise
+
+
+def _display(url: str, fs: Any, path: str) -> str:
+    """Turn a path found by ``fs`` back into a URL in the same style as ``url``."""
+    if "::" in url:
+        return f"{url.rsplit('::', 1)[0]}::{fs.unstrip_protocol(path)}"
+    if "://" in url:
+        return str(fs.unstrip_protocol(path))
+    # a plain local path: keep it plain (relative stays relative when the pattern was)
+    if os.path.isabs(url):
+        return path
+    return os.path.relpath(path)
+
+
+def glob(pattern: str, storage_options: StorageOptions | None = None) -> list[str]:
+    """Expand one glob pattern (``*``, ``?``, ``[…]``, ``**``) to sorted URLs of files.
+
+    Args:
+        pattern: A URL with glob characters.
+        storage_options: Passed to the filesystem.
+
+    Returns:
+        The matching files, sorted, as URLs in the pattern's own style.
+    """
+    fs, path = url_to_fs(pattern, storage_options)
+    found = fs.glob(path, detail=True)
+    files = sorted(p for p, info in found.items() if info.get("type") != "directory")
+    return [_display(pattern, fs, p) for p in files]
+
+
+def exists(url: str, storage_options: StorageOptions | None = None) -> bool:
+    """Return whether ``url`` names an existing file or directory."""
+    fs, path = url_to_fs(url, storage_options)
+    return bool(fs.exists(path))
+
+
+def size(url: str, storage_options: StorageOptions | None = None) -> int:
+    """Return the size of the file at ``url`` in bytes.
+
+    Raises:
+        ShardNotFoundError: If it does not exist.
+    """
+    fs, path = url_to_fs(url, storage_options)
+    with _not_found(url):
+        return int(fs.size(path))
+
+
+def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tuple[str, bool]]:
+    """List a directory: sorted ``(url, is_dir)`` pairs of its entries.
+
+    Raises:
+        ShardNotFoundError: If the directory does not exist.
+    """
+    fs, path = url_to_fs(url, storage_options)
+    with _not_found(url):
+        entries = fs.ls(path, detail=True)
+    out = [
+        (_display(url, fs, e["name"]), e.get("type") == "directory")
+        for e in entries
+        if e["name"].rstrip("/") != path.rstrip("/")
+    ]
+    return sorted(out)
+
+
+@contextlib.contextmanager
+def _not_found(url: str) -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if isinstance(exc, ShardNotFoundError):
+            raise
+        msg = "no such file"
+        raise ShardNotFoundError(msg, url=url) from exc
+
+
+def open_input(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:
+    """Open ``url`` for binary reading, streaming (seekable where the backend allows).
+
+    Raises:
+        ShardNotFoundError: If it does not exist.
+    """
+    fs, path = url_to_fs(url, storage_options)
+    with _not_found(url):
+        return fs.open(path, "rb")  # type: ignore[no-any-return]
+
+
+def read_range(
+    url: str, start: int, end: int, storage_options: StorageOptions | None = None
+) -> bytes:
+    """Read bytes ``[start, end)`` of ``url`` in one ranged request.
+
+    Raises:
+        ShardNotFoundError: If it does not exist.
+    """
+    fs, path = url_to_fs(url, storage_options)
+    with _not_found(url):
+        return bytes(fs.cat_file(path, start=start, end=end))
+
+
+def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:
+    """Open ``url`` for binary writing, creating parent directories where needed."""
+    fs, path = url_to_fs(url, storage_options)
+    parent = fs._parent(path)
+    if parent:
+        with contextlib.suppress(OSError):
+            fs.makedirs(parent, exist_ok=True)
+    return fs.open(path, "wb")  # type: ignore[no-any-return]
+

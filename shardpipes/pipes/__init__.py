@@ -1,0 +1,1 @@
+"""One module per pipeline stage; importing this package registers the functional forms."""

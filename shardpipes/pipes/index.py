@@ -1,0 +1,66 @@
+"""Tar indexes on any filesystem: build, write and read the ``URL.idx`` sidecar."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardpipes import fs
+from shardpipes._core.index import dump_index, load_index, sample_ranges
+from shardpipes._core.tar import iter_members
+from shardpipes.errors import ShardIndexError
+
+__all__ = ["build_index", "index_url", "read_index", "write_index"]
+
+Ranges = list[tuple[int, int]]
+
+
+def index_url(url: str) -> str:
+    """Return the sidecar index URL of a shard: ``URL + ".idx"``."""
+    return url + ".idx"
+
+
+def build_index(url: str, *, storage_options: Mapping[str, Any] | None = None) -> Ranges:
+    """Scan a shard's headers (seeking over member data) and return its sample ranges.
+
+    Raises:
+        ShardIndexError: If the shard is gzip-compressed (ranged reads need a plain tar).
+        TarFormatError: If the shard is not a readable tar.
+    """
+    with fs.open_input(url, storage_options) as stream:
+        if stream.read(2) == b"\x1f\x8b":
+            msg = "a compressed shard cannot be indexed (ranged reads need an uncompressed tar)"
+            raise ShardIndexError(msg, url=url)
+        stream.seek(0)
+        return sample_ranges(iter_members(stream, url=url, keep=lambda name: False))
+
+
+def write_index(
+    url: str, *, storage_options: Mapping[str, Any] | None = None, out: str | None = None
+) -> tuple[str, int]:
+    """Build a shard's index and write it next to it (or to ``out``).
+
+    Returns:
+        ``(index URL, number of samples)``.
+    """
+    ranges = build_index(url, storage_options=storage_options)
+    target = out or index_url(url)
+    with fs.open_output(target, storage_options) as f:
+        f.write(dump_index(ranges, fs.size(url, storage_options)))
+    return target, len(ranges)
+
+
+def read_index(
+    url: str, *, storage_options: Mapping[str, Any] | None = None, index: str | None = None
+) -> Ranges | None:
+    """Read a shard's index from ``index`` or its sidecar; ``None`` if there is none.
+
+    Raises:
+        ShardIndexError: If the index is malformed or stale (the shard's size changed).
+    """
+    target = index or index_url(url)
+    if index is None and not fs.exists(target, storage_options):
+        return None
+    with fs.open_input(target, storage_options) as f:
+        data = f.read()
+    return load_index(data, url=target, shard_size=fs.size(url, storage_options))

@@ -1,0 +1,81 @@
+"""Grouping members into samples."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from shardpipes._core.handlers import ShardpipesWarning
+from shardpipes._core.samples import PartFilter, group_samples, split_name
+from shardpipes._core.tar import Member
+from shardpipes.errors import TarFormatError
+
+
+def members(*names: str) -> list[Member]:
+    return [Member(n, n.encode(), i * 1024, i * 1024 + 1024) for i, n in enumerate(names)]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a.jpg", ("a", "jpg")),
+        ("dir/x.y/abc.seg.PNG", ("dir/x.y/abc", "seg.png")),
+        ("abc.", ("abc", "")),
+        ("dir.d/README", None),
+    ],
+)
+def test_split_name(name: str, expected: tuple[str, str] | None) -> None:
+    """Key is the path up to the first dot of the basename; extension lower-cased."""
+    assert split_name(name) == expected
+
+
+class TestGroupSamples:
+    def test_consecutive_members_group(self) -> None:
+        """Members with one key become one sample, with __key__ and __url__."""
+        got = list(group_samples(members("a.jpg", "a.cls", "b.jpg"), url="u"))
+        assert got == [
+            {"__key__": "a", "__url__": "u", "jpg": b"a.jpg", "cls": b"a.cls"},
+            {"__key__": "b", "__url__": "u", "jpg": b"b.jpg"},
+        ]
+
+    def test_key_seen_again_starts_a_new_sample(self) -> None:
+        """A key that comes back later is a new sample, not merged."""
+        got = list(group_samples(members("a.jpg", "b.jpg", "a.cls"), url="u"))
+        assert [(s["__key__"], sorted(s)) for s in got] == [
+            ("a", ["__key__", "__url__", "jpg"]),
+            ("b", ["__key__", "__url__", "jpg"]),
+            ("a", ["__key__", "__url__", "cls"]),
+        ]
+
+    def test_members_without_extension_are_passed_over(self) -> None:
+        """A member with no dot in its basename belongs to no sample."""
+        got = list(group_samples(members("README", "a.jpg"), url="u"))
+        assert [s["__key__"] for s in got] == ["a"]
+
+    def test_duplicate_extension_raises(self) -> None:
+        """One extension twice in a sample is an error naming the member."""
+        with pytest.raises(TarFormatError, match=r"duplicate extension 'jpg'.*'a.JPG'"):
+            list(group_samples(members("a.jpg", "a.JPG"), url="u"))
+
+    def test_duplicate_extension_skipped_with_warn(self) -> None:
+        """With handler='warn' the bad sample is dropped and the rest kept."""
+        with pytest.warns(ShardpipesWarning, match="duplicate"):
+            got = list(group_samples(members("a.jpg", "a.jpg", "a.cls", "b.jpg"), url="u", handler="warn"))
+        assert [s["__key__"] for s in got] == ["b"]
+
+    def test_declined_members_close_the_sample(self) -> None:
+        """A declined member of another key ends the current sample (no merge across it)."""
+        ms = members("a.jpg", "b.jpg", "a.cls")
+        ms[1] = ms[1]._replace(data=None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = list(group_samples(ms, url="u"))
+        assert [s["__key__"] for s in got] == ["a", "a"]
+
+
+def test_part_filter_counts_samples_not_members() -> None:
+    """PartFilter keeps whole samples: all members of sample i go to part i % parts."""
+    keep = PartFilter(1, 2)
+    names = ["a.jpg", "a.cls", "b.jpg", "b.cls", "README", "c.jpg", "a.txt"]
+    assert [n for n in names if keep(n)] == ["b.jpg", "b.cls", "a.txt"]
