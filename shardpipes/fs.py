@@ -76,11 +76,15 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
         ValueError: The protocol is unknown to fsspec.
     """
     try:
-        return _fsspec_url_to_fs(url, **dict(storage_options or {}))
+        fs, path = _fsspec_url_to_fs(url, **dict(storage_options or {}))
     except ImportError as exc:
         proto = _protocol(url)
         extra = _EXTRAS.get(proto)
-        hint = f"pip install 'shardpipes[{extra}]'" if extra else f"install the fsspec backend for {proto!r}"
+        hint = (
+            f"pip install 'shardpipes[{extra}]'"
+            if extra
+            else f"install the fsspec backend for {proto!r}"
+        )
         msg = f"{url}: reading {proto}:// URLs needs an extra package: {hint}"
         raise ImportError(msg) from exc
     except ValueError as exc:
@@ -88,6 +92,7 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
             msg = f"{url}: unknown protocol {_protocol(url)!r}"
             raise ValueError(msg) from exc
         raise
+    return fs, str(path)
 
 
 def _display(url: str, fs: Any, path: str) -> str:
@@ -195,4 +200,3 @@ def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[b
         with contextlib.suppress(OSError):
             fs.makedirs(parent, exist_ok=True)
     return fs.open(path, "wb")  # type: ignore[no-any-return]
-

@@ -11,10 +11,17 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from hypothesis import settings
 from PIL import Image
 
+# shared 2-core machines: no per-example deadlines (they measure the neighbours, not us)
+settings.register_profile("shardpipes", deadline=None)
+settings.load_profile("shardpipes")
 
-def image_bytes(label: int, index: int, fmt: str = "png", size: tuple[int, int] = (12, 10)) -> bytes:
+
+def image_bytes(
+    label: int, index: int, fmt: str = "png", size: tuple[int, int] = (12, 10)
+) -> bytes:
     """A tiny image whose pixel (0, 0) encodes (label, index), to identify it after decoding."""
     img = Image.new("RGB", size, (label * 20 % 256, index % 256, (index // 256) % 256))
     out = io.BytesIO()
@@ -38,7 +45,9 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_tar(path: str, members: list[tuple[str, bytes]], *, fmt: int = tarfile.PAX_FORMAT) -> None:
+def write_tar(
+    path: str, members: list[tuple[str, bytes]], *, fmt: int = tarfile.PAX_FORMAT
+) -> None:
     """Write members to a tar at any fsspec path; gzip when it ends in .gz/.tgz."""
     mode = "w:gz" if path.endswith((".gz", ".tgz")) else "w"
     with fsspec.open(path, "wb") as f, tarfile.open(fileobj=f, mode=mode, format=fmt) as tar:
@@ -89,7 +98,7 @@ def make_shards(tmp_path: Path) -> Callable[..., Dataset]:
 
 @pytest.fixture
 def memfs() -> Iterator[fsspec.AbstractFileSystem]:
-    """fsspec's in-memory filesystem, emptied after the test."""
+    """Fsspec's in-memory filesystem, emptied after the test."""
     fs = fsspec.filesystem("memory")
     yield fs
     fs.store.clear()

@@ -18,7 +18,9 @@ import re
 
 __all__ = ["expand_braces"]
 
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?$|^([a-zA-Z])\.\.([a-zA-Z])(?:\.\.(-?\d+))?$")
+_RANGE = re.compile(
+    r"^(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?$|^([a-zA-Z])\.\.([a-zA-Z])(?:\.\.(-?\d+))?$"
+)
 
 
 def expand_braces(pattern: str) -> list[str]:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 __all__ = ["Handler", "ShardpipesWarning", "check_handler", "handle"]
 
 HandlerFn = Callable[[BaseException, dict[str, Any]], bool]
-Handler = Union[str, HandlerFn]
+Handler = str | HandlerFn
 
 _NAMES = ("raise", "warn", "ignore")
 

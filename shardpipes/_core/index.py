@@ -15,6 +15,7 @@ overlap; a range starts at a header boundary, so a reader can parse from there.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from shardpipes._core.samples import split_name
@@ -53,11 +54,11 @@ def sample_ranges(members: Iterable[Member]) -> list[tuple[int, int]]:
 
 
 def dump_index(ranges: list[tuple[int, int]], shard_size: int) -> bytes:
-    """Serialize an index.
+    r"""Serialize an index.
 
     Example:
         >>> dump_index([(0, 2048), (2048, 3072)], 10240)
-        b'shardpipes-index 1 10240 2\\n0 2048\\n2048 3072\\n'
+        b'shardpipes-index 1 10240 2\n0 2048\n2048 3072\n'
     """
     lines = [f"{_MAGIC} {_VERSION} {shard_size} {len(ranges)}"]
     lines.extend(f"{start} {end}" for start, end in ranges)
@@ -81,14 +82,17 @@ def load_index(data: bytes, *, url: str, shard_size: int | None = None) -> list[
         size, count = int(size_text), int(count_text)
         ranges = [(int(a), int(b)) for a, b in (row.split() for row in rows)]
     except ValueError as exc:
-        raise ShardIndexError("malformed index", url=url) from exc
+        msg = "malformed index"
+        raise ShardIndexError(msg, url=url) from exc
     if magic != _MAGIC or version != _VERSION:
         msg = f"not a shardpipes index (header {head!r})"
         raise ShardIndexError(msg, url=url)
-    if count != len(ranges) or any(a >= b for a, b in ranges) or any(
-        b > a for (_, b), (a, _) in zip(ranges, ranges[1:])
-    ):
-        raise ShardIndexError("malformed index: ranges out of order or count wrong", url=url)
+    ordered = all(a < b for a, b in ranges) and all(
+        b <= a for (_, b), (a, _) in itertools.pairwise(ranges)
+    )
+    if count != len(ranges) or not ordered:
+        msg = "malformed index: ranges out of order or count wrong"
+        raise ShardIndexError(msg, url=url)
     if shard_size is not None and size != shard_size:
         msg = f"stale index: made for a shard of {size} bytes, the shard has {shard_size}"
         raise ShardIndexError(msg, url=url)

@@ -61,7 +61,9 @@ class PartFilter:
         return self.kept
 
 
-def group_samples(members: Iterable[Member], *, url: str, handler: Handler = "raise") -> Iterator[Sample]:
+def group_samples(
+    members: Iterable[Member], *, url: str, handler: Handler = "raise"
+) -> Iterator[Sample]:
     """Group consecutive members with the same key into sample dicts.
 
     Members with ``data=None`` (declined by a ``keep`` function) are passed over. A
@@ -73,27 +75,41 @@ def group_samples(members: Iterable[Member], *, url: str, handler: Handler = "ra
     """
     sample: Sample | None = None
     bad_key: str | None = None
-    for member in members:
-        split = split_name(member.name)
-        if split is None:
-            continue
-        key, ext = split
-        if member.data is None or key == bad_key:
+    try:
+        for member in members:
+            split = split_name(member.name)
+            if split is None:
+                continue
+            key, ext = split
             if sample is not None and key != sample["__key__"]:
                 yield sample
                 sample = None
-            continue
-        if sample is None or key != sample["__key__"]:
-            if sample is not None:
-                yield sample
-            sample, bad_key = {"__key__": key, "__url__": url}, None
-        if ext in sample:
-            exc = TarFormatError(
-                f"duplicate extension {ext!r} in sample", url=url, member=member.name, key=key, offset=member.offset
-            )
-            handle(handler, exc, stage="open_tar", url=url, member=member.name, key=key)
-            sample, bad_key = None, key
-            continue
-        sample[ext] = member.data
+            if member.data is None or key == bad_key:
+                continue
+            if sample is None:
+                sample, bad_key = {"__key__": key, "__url__": url}, None
+            if ext in sample:
+                _duplicate(handler, url, member, key, ext)
+                sample, bad_key = None, key
+                continue
+            sample[ext] = member.data
+    except TarFormatError as exc:
+        # the shard broke after a sample was complete (the next key had begun): keep it
+        split = split_name(exc.member) if exc.member else None
+        if sample is not None and split is not None and split[0] != sample["__key__"]:
+            yield sample
+        raise
     if sample is not None:
         yield sample
+
+
+def _duplicate(handler: Handler, url: str, member: Member, key: str, ext: str) -> None:
+    """Report one extension seen twice in a sample; returns when the handler skips."""
+    exc = TarFormatError(
+        f"duplicate extension {ext!r} in sample",
+        url=url,
+        member=member.name,
+        key=key,
+        offset=member.offset,
+    )
+    handle(handler, exc, stage="open_tar", url=url, member=member.name, key=key)

@@ -99,26 +99,28 @@ class _Reader:
             self.pos = len(tail)
         return head + tail if head else tail
 
-    def skip(self, n: int) -> None:
+    def skip(self, n: int) -> bool:
+        """Skip ``n`` bytes; return ``False`` if the stream ended first (when it can tell)."""
         end = self.pos + n
         if end <= len(self.buf):
             self.pos = end
-            return
+            return True
         rest = end - len(self.buf)
         self.base += len(self.buf)
         self.buf, self.pos = b"", 0
         if self.seekable and rest > CHUNK and (self.left is None or rest <= self.left):
-            self.stream.seek(rest, 1)
+            self.stream.seek(rest, 1)  # a seek past the end shows as EOF at the next header
             self.base += rest
             if self.left is not None:
                 self.left -= rest
-            return
+            return True
         while rest > 0:
             got = len(self._raw(min(rest, CHUNK)))
             if not got:
-                return
+                return False
             self.base += got
             rest -= got
+        return True
 
 
 class _Prepend:
@@ -142,7 +144,7 @@ def _open(stream: IO[bytes], base: int, limit: int | None) -> _Reader:
     reader = _Reader(stream, base=base, limit=limit)
     head = reader._raw(2)
     if head == b"\x1f\x8b":
-        gz = gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb")  # type: ignore[arg-type]
+        gz = gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb")  # type: ignore[call-overload]
         return _Reader(gz, base=0)  # offsets count uncompressed bytes
     reader.buf = head
     return reader
@@ -169,7 +171,7 @@ def _checksum_ok(header: bytes) -> bool:
 
 
 def _pax(data: bytes) -> dict[str, str]:
-    """Parse pax records: ``"%d %s=%s\\n"``."""
+    r"""Parse pax records: ``"%d %s=%s\\n"``."""
     out, pos = {}, 0
     while pos < len(data) and data[pos] != 0:
         space = data.index(b" ", pos)
@@ -234,7 +236,8 @@ def _members(reader: _Reader, url: str, keep: Callable[[str], bool] | None) -> I
         header = reader.read(BLOCK)
         if len(header) < BLOCK or header == _ZERO:
             if 0 < len(header) < BLOCK or start >= 0:
-                raise TarFormatError("truncated header", url=url, offset=pos)
+                msg = "truncated header"
+                raise TarFormatError(msg, url=url, offset=pos)
             return
         if start < 0:
             start = pos
@@ -262,10 +265,9 @@ def _members(reader: _Reader, url: str, keep: Callable[[str], bool] | None) -> I
             yield Member(name, None, member_start, reader.tell())
             continue
         data = reader.read(size)
-        if len(data) < size:
-            msg = f"truncated member ({len(data)} of {size} bytes)"
+        if len(data) < size or not reader.skip(padded - size):
+            msg = f"truncated member ({len(data)} of {size} bytes, padded to {padded})"
             raise TarFormatError(msg, url=url, member=name, offset=member_start)
-        reader.skip(padded - size)
         yield Member(name, data, member_start, reader.tell())
 
 
@@ -279,7 +281,8 @@ def _parse(header: bytes, url: str, pos: int) -> tuple[str, int, int]:
         msg = "bad header: a numeric field is not octal"
         raise TarFormatError(msg, url=url, member=name or None, offset=pos) from exc
     if not ok:
-        raise TarFormatError("bad header checksum", url=url, member=name or None, offset=pos)
+        msg = "bad header checksum"
+        raise TarFormatError(msg, url=url, member=name or None, offset=pos)
     if size < 0:
         msg = f"bad header: negative size {size}"
         raise TarFormatError(msg, url=url, member=name or None, offset=pos)
@@ -298,7 +301,8 @@ def _meta(reader: _Reader, size: int, padded: int, url: str, pos: int) -> bytes:
         raise TarFormatError(msg, url=url, offset=pos)
     data = reader.read(size)
     if len(data) < size:
-        raise TarFormatError("truncated extended header", url=url, offset=pos)
+        msg = "truncated extended header"
+        raise TarFormatError(msg, url=url, offset=pos)
     reader.skip(padded - size)
     return data
 
@@ -307,7 +311,8 @@ def _pax_or_raise(meta: bytes, url: str, pos: int) -> dict[str, str]:
     try:
         return _pax(meta)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise TarFormatError("bad pax header", url=url, offset=pos) from exc
+        msg = "bad pax header"
+        raise TarFormatError(msg, url=url, offset=pos) from exc
 
 
 def _apply_pax(

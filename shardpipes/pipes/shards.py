@@ -49,13 +49,17 @@ class ShardLister(IterDataPipe[str]):
         self, urls: str | Sequence[str], *, storage_options: Mapping[str, Any] | None = None
     ) -> None:
         super().__init__()
-        patterns = [urls] if isinstance(urls, str) else list(urls)
-        if not patterns or not all(isinstance(p, str) for p in patterns):
+        patterns = [urls] if isinstance(urls, str) else urls
+        if (
+            not isinstance(patterns, Sequence)
+            or not patterns
+            or not all(isinstance(p, str) for p in patterns)
+        ):
             msg = f"urls must be a string or a non-empty list of strings (got {urls!r})"
             raise TypeError(msg)
         for pattern in patterns:
             expand_braces(pattern)  # fail early on unbalanced braces
-        self.urls = patterns
+        self.urls = list(patterns)
         self.storage_options = dict(storage_options or {})
 
     def __iter__(self) -> Iterator[str]:
@@ -68,7 +72,8 @@ class ShardLister(IterDataPipe[str]):
             return [url]
         found = fs.glob(url, self.storage_options)
         if not found:
-            raise NoShardsError("no shard matches the pattern", url=url)
+            msg = "no shard matches the pattern"
+            raise NoShardsError(msg, url=url)
         return found
 
     def __len__(self) -> int:
@@ -111,7 +116,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             msg = f"seed must be an integer or None (got {seed!r})"
             raise TypeError(msg)
         super().__init__(source_datapipe)
-        self.shuffle = shuffle
+        # not `self.shuffle`: an attribute of that name would hide torch's `.shuffle()` form
+        self.shuffle_shards = shuffle
         self.seed = seed
         self.epoch = 0
         self._shared_seed: int | None = None
@@ -126,7 +132,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self.epoch = epoch
 
     def _order(self, urls: list[str]) -> list[str]:
-        if not self.shuffle:
+        if not self.shuffle_shards:
             return urls
         if self.seed is not None:
             seed = self.seed * 1_000_003 + self.epoch
@@ -137,11 +143,11 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         random.Random(seed).shuffle(urls)
         return urls
 
-    def __iter__(self) -> Iterator[ShardPart]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[ShardPart]:
         urls = self._order(list(self.source_datapipe))
         for index, part, parts in assign(len(urls), self.num_of_instances, self.instance_id):
             yield ShardPart(urls[index], part, parts)
 
     def __len__(self) -> int:
-        n = len(self.source_datapipe)  # type: ignore[arg-type]
+        n = len(self.source_datapipe)
         return len(assign(n, self.num_of_instances, self.instance_id))

@@ -43,10 +43,13 @@ class TarOpener(IterDataPipe[Sample]):
 
     Example:
         >>> import io, tarfile, fsspec
-        >>> with fsspec.open("memory://doc/shard-0.tar", "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
-        ...     for name, data in [("a.txt", b"hi"), ("a.cls", b"1"), ("b.txt", b"yo"), ("b.cls", b"0")]:
+        >>> members = [("a.txt", b"hi"), ("a.cls", b"1"), ("b.txt", b"yo"), ("b.cls", b"0")]
+        >>> with fsspec.open("memory://doc/shard-0.tar", "wb") as f:
+        ...     tar = tarfile.open(fileobj=f, mode="w")
+        ...     for name, data in members:
         ...         info = tarfile.TarInfo(name); info.size = len(data)
         ...         tar.addfile(info, io.BytesIO(data))
+        ...     tar.close()
         >>> from shardpipes import list_shards
         >>> [s["__key__"] for s in list_shards("memory://doc/shard-0.tar").open_tar()]
         ['a', 'b']
@@ -77,6 +80,10 @@ class TarOpener(IterDataPipe[Sample]):
                 yield from self._samples(part)
             except (ShardpipesError, OSError) as exc:
                 handle(self.handler, exc, stage="open_tar", url=part.url)
+
+    def __len__(self) -> int:
+        msg = f"{type(self).__name__} instance doesn't have valid length"
+        raise TypeError(msg)
 
     def _samples(self, part: ShardPart) -> Iterator[Sample]:
         with fs.open_input(part.url, self.storage_options) as stream:

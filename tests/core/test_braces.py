@@ -25,7 +25,15 @@ from shardpipes._core.braces import expand_braces
         ("{a,b,c}.tar", ["a.tar", "b.tar", "c.tar"]),
         ("{a,b}-{0..1}", ["a-0", "a-1", "b-0", "b-1"]),
         ("{a,b{1,2}}", ["a", "b1", "b2"]),
-        ("s3://b/{train,val}-{00..01}.tar", ["s3://b/train-00.tar", "s3://b/train-01.tar", "s3://b/val-00.tar", "s3://b/val-01.tar"]),
+        (
+            "s3://b/{train,val}-{00..01}.tar",
+            [
+                "s3://b/train-00.tar",
+                "s3://b/train-01.tar",
+                "s3://b/val-00.tar",
+                "s3://b/val-01.tar",
+            ],
+        ),
         ("{x}", ["{x}"]),
         ("a\\{1,2\\}", ["a{1,2}"]),
     ],
@@ -47,7 +55,7 @@ def naive(groups: list[list[str]], seps: list[str]) -> list[str]:
     out = []
     for combo in itertools.product(*groups):
         s = seps[0]
-        for choice, sep in zip(combo, seps[1:]):
+        for choice, sep in zip(combo, seps[1:], strict=True):
             s += choice + sep
         out.append(s)
     return out
@@ -75,5 +83,5 @@ def group(draw: st.DrawFn) -> tuple[str, list[str]]:
 def test_matches_naive_product(groups: list[tuple[str, list[str]]], data: st.DataObject) -> None:
     """Any mix of ranges and alternatives is the product of the groups, in order."""
     seps = [data.draw(literal) for _ in range(len(groups) + 1)]
-    pattern = seps[0] + "".join(g + s for (g, _), s in zip(groups, seps[1:]))
+    pattern = seps[0] + "".join(g + s for (g, _), s in zip(groups, seps[1:], strict=True))
     assert expand_braces(pattern) == naive([choices for _, choices in groups], seps)

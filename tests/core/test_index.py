@@ -10,14 +10,19 @@ from shardpipes.errors import ShardIndexError
 
 
 def test_round_trip() -> None:
-    """dump then load gives back the ranges."""
+    """Dump then load gives back the ranges."""
     ranges = [(0, 1536), (1536, 4096), (4096, 5120)]
     assert load_index(dump_index(ranges, 10240), url="i", shard_size=10240) == ranges
 
 
 def test_sample_ranges_follow_keys() -> None:
     """Ranges span all members of a sample; extension-less members are ignored."""
-    ms = [Member("a.jpg", None, 0, 1024), Member("a.cls", None, 1024, 2048), Member("README", None, 2048, 3072), Member("b.jpg", None, 3072, 4096)]
+    ms = [
+        Member("a.jpg", None, 0, 1024),
+        Member("a.cls", None, 1024, 2048),
+        Member("README", None, 2048, 3072),
+        Member("b.jpg", None, 3072, 4096),
+    ]
     assert sample_ranges(ms) == [(0, 2048), (3072, 4096)]
 
 

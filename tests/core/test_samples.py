@@ -61,7 +61,9 @@ class TestGroupSamples:
     def test_duplicate_extension_skipped_with_warn(self) -> None:
         """With handler='warn' the bad sample is dropped and the rest kept."""
         with pytest.warns(ShardpipesWarning, match="duplicate"):
-            got = list(group_samples(members("a.jpg", "a.jpg", "a.cls", "b.jpg"), url="u", handler="warn"))
+            got = list(
+                group_samples(members("a.jpg", "a.jpg", "a.cls", "b.jpg"), url="u", handler="warn")
+            )
         assert [s["__key__"] for s in got] == ["b"]
 
     def test_declined_members_close_the_sample(self) -> None:

@@ -12,8 +12,15 @@ from shardpipes._core.samples import PartFilter
 from shardpipes._core.split import assign, block
 
 
-@given(n_shards=st.integers(0, 40), total=st.integers(1, 40), per_shard=st.integers(1, 9), contiguous=st.booleans())
-def test_every_sample_exactly_once(n_shards: int, total: int, per_shard: int, contiguous: bool) -> None:
+@given(
+    n_shards=st.integers(0, 40),
+    total=st.integers(1, 40),
+    per_shard=st.integers(1, 9),
+    contiguous=st.booleans(),
+)
+def test_every_sample_exactly_once(
+    n_shards: int, total: int, per_shard: int, contiguous: bool
+) -> None:
     """Over all workers, every (shard, sample) is read exactly once, in either part mode."""
     seen: Counter[tuple[int, int]] = Counter()
     for worker in range(total):

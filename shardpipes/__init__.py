@@ -1,0 +1,63 @@
+"""shardpipes: composable PyTorch DataPipes that stream samples out of sharded tar archives.
+
+Importing the package registers every functional form on ``IterDataPipe``:
+``split_shards``, ``open_tar``, ``decode``, ``to_tuple``. Chain them after
+:func:`list_shards`, with torch core's ``shuffle``, ``sharding_filter``, ``map``, ``batch``
+and ``collate``::
+
+    import shardpipes as sp
+    pipe = (sp.list_shards("data/train-{000000..000127}.tar")
+              .split_shards(shuffle=True)
+              .open_tar()
+              .decode("pil")
+              .to_tuple("jpg;png", "cls"))
+"""
+
+from shardpipes import recipes
+from shardpipes._core.handlers import ShardpipesWarning
+from shardpipes._core.split import ShardPart
+from shardpipes.errors import (
+    DecodeError,
+    MissingFieldError,
+    NoShardsError,
+    ShardIndexError,
+    ShardNotFoundError,
+    ShardpipesError,
+    TarFormatError,
+    UnsafeDataError,
+)
+from shardpipes.pipes.collate import collate_samples
+from shardpipes.pipes.decode import SampleDecoder
+from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.index import build_index, read_index, write_index
+from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from shardpipes.pipes.tar import TarOpener
+
+__version__ = "0.1.0"
+
+list_shards = ShardLister
+
+__all__ = [
+    "DecodeError",
+    "MissingFieldError",
+    "NoShardsError",
+    "SampleDecoder",
+    "ShardIndexError",
+    "ShardLister",
+    "ShardNotFoundError",
+    "ShardPart",
+    "ShardSplitter",
+    "ShardpipesError",
+    "ShardpipesWarning",
+    "TarFormatError",
+    "TarOpener",
+    "TupleMaker",
+    "UnsafeDataError",
+    "__version__",
+    "build_index",
+    "collate_samples",
+    "list_shards",
+    "read_index",
+    "recipes",
+    "write_index",
+]

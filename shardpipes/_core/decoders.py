@@ -1,0 +1,262 @@
+"""The decoder table: bytes of one member in, a Python object out, chosen by extension.
+
+A field is decoded by the entry for its full extension (``"seg.png"``) if the table has
+one, else by the entry for the last dot-part of it (``"png"``), so ``seg.png`` decodes as
+a PNG image. An entry of ``None`` leaves the bytes alone; so does an unknown extension.
+Fields whose name starts with ``"__"`` (``__key__``, ``__url__``) are never decoded.
+
+Safety: pickle extensions (``pyd``, ``pickle``, ``pkl``) are refused with
+:class:`~shardpipes.errors.UnsafeDataError` unless the caller opts in, ``npy``/``npz``
+are loaded with ``allow_pickle=False``, ``pth``/``pt`` with ``weights_only=True``, images
+only through Pillow's raster plugins, and Pillow's decompression-bomb limit
+(``PIL.Image.MAX_IMAGE_PIXELS``) is left as it is: an image over twice the limit fails
+with :class:`~shardpipes.errors.DecodeError`; one over the limit makes Pillow emit its
+``DecompressionBombWarning``, which becomes a ``DecodeError`` where warnings are errors.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy
+import PIL.Image
+
+from shardpipes.errors import DecodeError, UnsafeDataError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "IMAGE_MODES",
+    "PICKLE_EXTENSIONS",
+    "Decoder",
+    "check_allow_pickle",
+    "check_image_mode",
+    "decode_image",
+    "decode_sample",
+    "decoder_for",
+    "default_decoders",
+]
+
+Decoder = Callable[[bytes], Any]
+
+IMAGE_MODES = ("pil", "numpy", "torch", "bytes")
+IMAGE_EXTENSIONS = frozenset(
+    {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "tif", "tiff", "webp"}
+)
+PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl"})
+
+# Pillow plugins allowed to open a member: raster formats only (no EPS, which runs
+# Ghostscript). Any of them for any image extension: a scraped "x.jpg" is often a PNG.
+_IMAGE_FORMATS = ("JPEG", "PNG", "PPM", "BMP", "GIF", "TIFF", "WEBP")
+
+
+def check_image_mode(image: str) -> str:
+    """Validate the ``image`` argument of ``decode``.
+
+    Args:
+        image: One of ``"pil"``, ``"numpy"``, ``"torch"``, ``"bytes"``.
+
+    Returns:
+        ``image``, unchanged.
+
+    Raises:
+        ValueError: For any other value.
+    """
+    if image not in IMAGE_MODES:
+        msg = f"image must be one of {IMAGE_MODES} (got {image!r})"
+        raise ValueError(msg)
+    return image
+
+
+def check_allow_pickle(allow_pickle: bool | Iterable[str]) -> frozenset[str]:
+    """Turn the ``allow_pickle`` argument into the set of pickle extensions it allows.
+
+    Args:
+        allow_pickle: ``False`` (none), ``True`` (all of ``pyd``, ``pickle``, ``pkl``) or
+            a collection of some of those extensions.
+
+    Returns:
+        The allowed pickle extensions.
+
+    Raises:
+        ValueError: For an extension that is not a pickle extension.
+        TypeError: For a value that is neither a bool nor a collection of strings.
+    """
+    if isinstance(allow_pickle, bool):
+        return PICKLE_EXTENSIONS if allow_pickle else frozenset()
+    if isinstance(allow_pickle, str) or not isinstance(allow_pickle, Iterable):
+        msg = f"allow_pickle must be a bool or a collection of extensions (got {allow_pickle!r})"
+        raise TypeError(msg)
+    allowed = frozenset(allow_pickle)
+    if not allowed <= PICKLE_EXTENSIONS:
+        msg = (
+            f"allow_pickle must name only pickle extensions {sorted(PICKLE_EXTENSIONS)} "
+            f"(got {sorted(allowed - PICKLE_EXTENSIONS)})"
+        )
+        raise ValueError(msg)
+    return allowed
+
+
+def decode_image(data: bytes, mode: str = "pil") -> Any:
+    """Decode an image to RGB: a ``PIL.Image``, a uint8 HWC array or a uint8 CHW tensor.
+
+    Args:
+        data: The encoded image.
+        mode: ``"pil"``, ``"numpy"`` or ``"torch"``.
+
+    Returns:
+        The decoded image.
+    """
+    with PIL.Image.open(io.BytesIO(data), formats=_IMAGE_FORMATS) as image:
+        image.load()
+        rgb = image.convert("RGB")
+    if mode == "pil":
+        return rgb
+    array = numpy.array(rgb, dtype=numpy.uint8)
+    if mode == "numpy":
+        return array
+    import torch
+
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _decode_int(data: bytes) -> int:
+    return int(data.decode("utf-8").strip())
+
+
+def _decode_text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _decode_json(data: bytes) -> Any:
+    return json.loads(data)
+
+
+def _decode_npy(data: bytes) -> Any:
+    return numpy.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_npz(data: bytes) -> dict[str, Any]:
+    with numpy.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def _decode_torch(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _decode_pickle(data: bytes) -> Any:
+    return pickle.loads(data)  # the caller opted in: allow_pickle
+
+
+def _refuse_pickle(data: bytes, *, ext: str) -> Any:
+    problem = (
+        f"refused to unpickle a {ext!r} member: unpickling a shard's member executes "
+        f"arbitrary code; pass allow_pickle=True (or allow_pickle=({ext!r},)) to decode() "
+        "only if you trust the data"
+    )
+    raise UnsafeDataError(problem)
+
+
+def default_decoders(
+    image: str = "pil", *, allow_pickle: bool | Iterable[str] = False
+) -> dict[str, Decoder | None]:
+    """Build the default decoder table.
+
+    Args:
+        image: How to decode images: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"``
+            (leave them encoded).
+        allow_pickle: Pickle extensions to decode with :mod:`pickle`, trusting the data:
+            ``True`` for all, or a collection such as ``("pyd",)``. The others are refused.
+
+    Returns:
+        A dict mapping extension to decoder, or to ``None`` for "leave the bytes".
+
+    Example:
+        >>> table = default_decoders("numpy")
+        >>> table["cls"](b" 7 ")
+        7
+    """
+    check_image_mode(image)
+    allowed = check_allow_pickle(allow_pickle)
+    image_decoder = None if image == "bytes" else partial(decode_image, mode=image)
+    table: dict[str, Decoder | None] = dict.fromkeys(IMAGE_EXTENSIONS, image_decoder)
+    table.update(dict.fromkeys(("cls", "cls2", "index", "label"), _decode_int))
+    table.update(txt=_decode_text, text=_decode_text, json=_decode_json)
+    table.update(npy=_decode_npy, npz=_decode_npz, pth=_decode_torch, pt=_decode_torch)
+    for ext in PICKLE_EXTENSIONS:
+        table[ext] = _decode_pickle if ext in allowed else partial(_refuse_pickle, ext=ext)
+    return table
+
+
+def decoder_for(table: Mapping[str, Decoder | None], field: str) -> Decoder | None:
+    """Choose the decoder for a field: its full extension first, else its last dot-part.
+
+    Args:
+        table: Extension to decoder (or ``None``).
+        field: The sample field, e.g. ``"jpg"`` or ``"seg.png"``.
+
+    Returns:
+        The decoder, or ``None`` to leave the field as it is.
+
+    Example:
+        >>> decoder_for({"png": len}, "seg.png")
+        <built-in function len>
+        >>> decoder_for({"png": len, "seg.png": None}, "seg.png") is None
+        True
+        >>> decoder_for({"key__": len}, "__key__") is None
+        True
+    """
+    if field.startswith("__"):
+        return None
+    if field in table:
+        return table[field]
+    return table.get(field.rsplit(".", 1)[-1])
+
+
+def decode_sample(sample: Mapping[str, Any], table: Mapping[str, Decoder | None]) -> dict[str, Any]:
+    """Decode the ``bytes`` fields of one sample into a new dict.
+
+    Args:
+        sample: A sample dict with ``__key__``, ``__url__`` and one entry per extension.
+        table: Extension to decoder (or ``None``), e.g. from :func:`default_decoders`.
+
+    Returns:
+        A new dict; fields without a decoder, and values that are not ``bytes``, are
+        copied as they are.
+
+    Raises:
+        DecodeError: A decoder failed; names the sample's url, member and key.
+        UnsafeDataError: A member needs unpickling, which ``table`` refuses.
+
+    Example:
+        >>> decode_sample({"__key__": "a", "cls": b"3", "x": b"?"}, default_decoders())
+        {'__key__': 'a', 'cls': 3, 'x': b'?'}
+    """
+    decoded: dict[str, Any] = {}
+    for field, value in sample.items():
+        decoder = decoder_for(table, field) if isinstance(value, bytes) else None
+        if decoder is None:
+            decoded[field] = value
+            continue
+        try:
+            decoded[field] = decoder(value)
+        except Exception as exc:
+            raise _located(exc, sample, field) from exc
+    return decoded
+
+
+def _located(exc: Exception, sample: Mapping[str, Any], field: str) -> DecodeError:
+    key = sample.get("__key__")
+    member = field if key is None else f"{key}.{field}"
+    if isinstance(exc, DecodeError):
+        problem, cls = exc.problem, type(exc)
+    else:
+        problem, cls = f"cannot decode {field!r}: {type(exc).__name__}: {exc}", DecodeError
+    return cls(problem, url=sample.get("__url__"), member=member, key=key)

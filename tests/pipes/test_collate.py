@@ -1,0 +1,151 @@
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from shardpipes.pipes.collate import collate_samples
+
+
+def _image(
+    size: tuple[int, int] = (4, 2), mode: str = "RGB", color: Any = "red"
+) -> PIL.Image.Image:
+    return PIL.Image.new(mode, size, color)
+
+
+def _samples(n: int = 3) -> list[dict[str, Any]]:
+    return [
+        {
+            "__key__": f"k{i}",
+            "__url__": "memory://s.tar",
+            "jpg": _image(color=(i, 0, 0)),
+            "cls": i,
+            "npy": np.full((2, 2), i, dtype=np.float32),
+            "txt": f"t{i}",
+            "raw": bytes([i]),
+        }
+        for i in range(n)
+    ]
+
+
+class TestTorchCoreCollate:
+    def test_default_collate_fails_on_pil_images(self) -> None:
+        """Torch core's .batch().collate() fails on PIL images (why collate_samples exists)."""
+        pipe = IterableWrapper(_samples()).batch(2).collate()
+        with pytest.raises(TypeError, match="PIL"):
+            list(pipe)
+
+    def test_default_collate_stacks_dict_fields(self) -> None:
+        """Torch core's .collate() stacks ints and arrays of dict samples, lists strings."""
+        samples = [{k: v for k, v in s.items() if k != "jpg"} for s in _samples()]
+        [batch] = list(IterableWrapper(samples).batch(3).collate())
+        assert batch["cls"].tolist() == [0, 1, 2]
+        assert batch["txt"] == ["t0", "t1", "t2"]
+
+
+class TestCollateSamples:
+    def test_dict_batch(self) -> None:
+        """Dict samples collate to a dict of stacked tensors and lists."""
+        batch = collate_samples(_samples())
+        assert batch["__key__"] == ["k0", "k1", "k2"]
+        assert batch["txt"] == ["t0", "t1", "t2"]
+        assert batch["raw"] == [b"\x00", b"\x01", b"\x02"]
+        assert (batch["cls"].dtype, batch["cls"].tolist()) == (torch.int64, [0, 1, 2])
+        assert (batch["npy"].dtype, tuple(batch["npy"].shape)) == (torch.float32, (3, 2, 2))
+        assert batch["npy"][2].tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+    def test_pil_images_become_uint8_chw(self) -> None:
+        """RGB PIL images become a uint8 (B, 3, H, W) tensor with their pixels."""
+        images = collate_samples(_samples())["jpg"]
+        assert (images.dtype, tuple(images.shape)) == (torch.uint8, (3, 3, 2, 4))
+        assert images[:, :, 0, 0].tolist() == [[0, 0, 0], [1, 0, 0], [2, 0, 0]]
+
+    @pytest.mark.parametrize(
+        ("mode", "channels"), [("L", 1), ("RGB", 3), ("RGBA", 4), ("P", 3), ("1", 3), ("I", 3)]
+    )
+    def test_image_modes(self, mode: str, channels: int) -> None:
+        """L keeps 1 channel, RGBA 4; other modes are converted to RGB."""
+        images = collate_samples([{"png": _image(mode=mode, color=1)}] * 2)["png"]
+        assert (images.dtype, tuple(images.shape)) == (torch.uint8, (2, channels, 2, 4))
+
+    def test_read_only_arrays(self) -> None:
+        """Read-only numpy arrays collate without a warning."""
+        array = np.arange(4)
+        array.flags.writeable = False
+        assert collate_samples([(array,), (array,)])[0].tolist() == [[0, 1, 2, 3]] * 2
+
+    def test_tuple_batch(self) -> None:
+        """Tuple samples collate to a tuple of batched fields."""
+        batch = collate_samples([(_image(), 1, "a"), (_image(), 2, "b")])
+        assert isinstance(batch, tuple)
+        assert tuple(batch[0].shape) == (2, 3, 2, 4)
+        assert batch[1].tolist() == [1, 2]
+        assert batch[2] == ["a", "b"]
+
+    @pytest.mark.parametrize(
+        ("values", "dtype"),
+        [
+            ([1.5, 2.5], torch.float64),
+            ([True, False], torch.bool),
+            ([np.int16(3), np.int16(4)], torch.int16),
+        ],
+    )
+    def test_other_values_go_to_default_collate(
+        self, values: list[Any], dtype: torch.dtype
+    ) -> None:
+        """Floats, bools and numpy scalars are left to default_collate."""
+        assert collate_samples([{"x": v} for v in values])["x"].dtype == dtype
+
+    @pytest.mark.parametrize(
+        ("batch", "message"),
+        [
+            (
+                [{"jpg": _image((32, 32))}, {"jpg": _image((32, 40))}],
+                "field 'jpg': cannot stack tensors of shapes (3, 32, 32) and (3, 40, 32); "
+                "resize in a map() before batch()",
+            ),
+            (
+                [(np.zeros((2, 3)),), (np.zeros((2, 4)),)],
+                "field 0: cannot stack tensors of shapes (2, 3) and (2, 4); "
+                "resize in a map() before batch()",
+            ),
+            (
+                [{"t": torch.zeros(2)}, {"t": torch.zeros(2)}, {"t": torch.zeros(5)}],
+                "field 't': cannot stack tensors of shapes (2,) and (5,); "
+                "resize in a map() before batch()",
+            ),
+        ],
+    )
+    def test_shape_mismatch(self, batch: list[Any], message: str) -> None:
+        """Tensors of different shapes raise ValueError naming the field and both shapes."""
+        with pytest.raises(
+            ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"
+        ):
+            collate_samples(batch)
+
+    @pytest.mark.parametrize(
+        ("batch", "match"),
+        [
+            ([], "at least one sample"),
+            ([{"a": 1}, {"b": 1}], "same fields"),
+            ([(1, 2), (1,)], "same lengths"),
+        ],
+    )
+    def test_bad_batches(self, batch: list[Any], match: str) -> None:
+        """Empty batches and samples that disagree on fields are refused."""
+        with pytest.raises(ValueError, match=match):
+            collate_samples(batch)
+
+    def test_in_pipe(self) -> None:
+        """Works as torch core's .batch(n).collate(collate_samples), last batch short."""
+        batches = list(IterableWrapper(_samples(5)).batch(2).collate(collate_samples))
+        assert [b["cls"].tolist() for b in batches] == [[0, 1], [2, 3], [4]]
+        assert tuple(batches[0]["jpg"].shape) == (2, 3, 2, 4)
+
+    def test_as_dataloader_collate_fn(self) -> None:
+        """Works as a DataLoader's collate_fn."""
+        loader = DataLoader(IterableWrapper(_samples(4)), batch_size=2, collate_fn=collate_samples)
+        assert [b["__key__"] for b in loader] == [["k0", "k1"], ["k2", "k3"]]

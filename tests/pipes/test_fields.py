@@ -1,0 +1,135 @@
+import pickle
+from typing import Any
+
+import pytest
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from shardpipes._core.handlers import ShardpipesWarning
+from shardpipes.errors import MissingFieldError
+from shardpipes.pipes.fields import TupleMaker
+
+URL = "memory://train-000.tar"
+
+
+def _sample(key: str, **fields: Any) -> dict[str, Any]:
+    return {"__key__": key, "__url__": URL, **fields}
+
+
+def _samples() -> list[dict[str, Any]]:
+    return [
+        _sample("a", jpg="A", cls=0),
+        _sample("b", png="B", cls=1),
+        _sample("c", cls=2),
+        _sample("d", jpg="D", png="d", cls=3),
+    ]
+
+
+class TestTupleMaker:
+    @pytest.mark.parametrize(
+        ("fields", "expected"),
+        [
+            (("cls",), (0,)),
+            (("jpg", "cls"), ("A", 0)),
+            (("cls", "jpg"), (0, "A")),
+            (("__key__", "__url__"), ("a", URL)),
+            (("png;jpg",), ("A",)),
+        ],
+    )
+    def test_fields_in_order(self, fields: tuple[str, ...], expected: tuple[Any, ...]) -> None:
+        """Fields come out in the order asked, always as a tuple."""
+        assert next(iter(TupleMaker(IterableWrapper(_samples()), *fields))) == expected
+
+    @pytest.mark.parametrize(
+        ("field", "expected"),
+        [
+            ("jpg;png", ["A", "B", "D"]),
+            ("png;jpg", ["A", "B", "d"]),
+            ("png ; jpg", ["A", "B", "d"]),
+        ],
+    )
+    def test_alternatives_first_present_wins(self, field: str, expected: list[str]) -> None:
+        """With ';' alternatives the first field present in the sample is taken."""
+        samples = [s for s in _samples() if s["__key__"] != "c"]
+        assert [t[0] for t in TupleMaker(IterableWrapper(samples), field)] == expected
+
+    def test_missing_field_raises(self) -> None:
+        """A missing field raises MissingFieldError naming the fields, key and url."""
+        with pytest.raises(MissingFieldError) as info:
+            list(TupleMaker(IterableWrapper(_samples()), "jpg;png", "cls"))
+        error = info.value
+        assert isinstance(error, KeyError)
+        assert (error.url, error.key) == (URL, "c")
+        for part in (URL, "'jpg' or 'png'", "'c'", "['cls']"):
+            assert part in str(error)
+
+    @pytest.mark.parametrize(
+        ("fields", "error", "match"),
+        [
+            ((), ValueError, "at least one field"),
+            ((3,), TypeError, r"fields must be strings \(got int\)"),
+            (("jpg;",), ValueError, "separated by ';'"),
+            (("",), ValueError, "separated by ';'"),
+        ],
+    )
+    def test_invalid_fields(
+        self, fields: tuple[Any, ...], error: type[Exception], match: str
+    ) -> None:
+        """Bad field arguments are refused at construction."""
+        with pytest.raises(error, match=match):
+            TupleMaker(IterableWrapper([]), *fields)
+
+    def test_invalid_handler(self) -> None:
+        """An unknown handler name is a ValueError."""
+        with pytest.raises(ValueError, match="handler must be"):
+            TupleMaker(IterableWrapper([]), "cls", handler="skip")
+
+    def test_warn_skips_with_warning(self) -> None:
+        """handler='warn' skips the sample lacking a field, with a warning, and goes on."""
+        pipe = TupleMaker(IterableWrapper(_samples()), "jpg;png", "cls", handler="warn")
+        with pytest.warns(ShardpipesWarning, match="'c'"):
+            assert [t[1] for t in pipe] == [0, 1, 3]
+
+    def test_ignore_skips_silently(self) -> None:
+        """handler='ignore' skips the sample lacking a field without a warning."""
+        pipe = TupleMaker(IterableWrapper(_samples()), "jpg", handler="ignore")
+        assert list(pipe) == [("A",), ("D",)]
+
+    @pytest.mark.parametrize("skip", [True, False])
+    def test_callable_handler(self, skip: bool) -> None:
+        """A callable handler gets the error and its context, and decides to skip or raise."""
+        seen: list[dict[str, Any]] = []
+
+        def handler(exc: BaseException, context: dict[str, Any]) -> bool:
+            assert isinstance(exc, MissingFieldError)
+            seen.append(context)
+            return skip
+
+        pipe = TupleMaker(IterableWrapper(_samples()), "png", handler=handler)
+        if skip:
+            assert list(pipe) == [("B",), ("d",)]
+        else:
+            with pytest.raises(MissingFieldError):
+                list(pipe)
+        assert seen[0] == {"stage": "to_tuple", "url": URL, "key": "a"}
+        assert len(seen) == (2 if skip else 1)
+
+    def test_functional_form_equals_constructor(self) -> None:
+        """.to_tuple(...) gives the same output as TupleMaker(...)."""
+        by_class = list(TupleMaker(IterableWrapper(_samples()), "cls", "__key__"))
+        by_name = list(IterableWrapper(_samples()).to_tuple("cls", "__key__"))
+        assert by_class == by_name == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]
+
+    def test_pickle_round_trip(self) -> None:
+        """A pickled and unpickled pipe yields the same tuples."""
+        pipe = TupleMaker(IterableWrapper(_samples()), "jpg;png", handler="ignore")
+        assert list(pickle.loads(pickle.dumps(pipe))) == list(pipe) == [("A",), ("B",), ("D",)]
+
+    def test_len(self) -> None:
+        """len() is the source's length."""
+        assert len(TupleMaker(IterableWrapper(_samples()), "cls")) == 4
+
+    def test_len_without_source_length(self) -> None:
+        """Without a source length, len() raises torch's TypeError naming this pipe."""
+        pipe = TupleMaker(IterableWrapper(_samples()).filter(bool), "cls")
+        with pytest.raises(TypeError, match=r"^TupleMaker instance doesn't have valid length$"):
+            len(pipe)

@@ -1,0 +1,113 @@
+"""list_shards and split_shards."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import fsspec
+import pytest
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from shardpipes import NoShardsError, ShardPart
+from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from tests.conftest import Dataset
+
+
+class TestShardLister:
+    def test_braces_keep_order_and_padding(
+        self, make_shards: Callable[..., Dataset], tmp_path: Path
+    ) -> None:
+        """Brace patterns expand in order with zero padding, without touching storage."""
+        pattern = str(tmp_path / "x-{000008..000010}.tar")
+        assert list(ShardLister(pattern)) == [str(tmp_path / f"x-{i:06d}.tar") for i in (8, 9, 10)]
+
+    def test_glob_sorted_and_given_order_kept(
+        self, make_shards: Callable[..., Dataset], tmp_path: Path
+    ) -> None:
+        """Each glob is sorted; the list of patterns keeps its order."""
+        data = make_shards(3, 1)
+        root = tmp_path / "shards"
+        got = list(ShardLister([str(root / "train-000002.tar"), str(root / "train-00000[01].tar")]))
+        assert got == [data.urls[2], data.urls[0], data.urls[1]]
+        assert len(ShardLister(str(root / "*.tar"))) == 3
+
+    def test_recursive_glob_and_file_urls(
+        self, make_shards: Callable[..., Dataset], tmp_path: Path
+    ) -> None:
+        """`**` recurses; file:// patterns give file:// URLs."""
+        make_shards(2, 1)
+        assert len(ShardLister(str(tmp_path / "**" / "*.tar"))) == 2
+        assert all(u.startswith("file://") for u in ShardLister(f"file://{tmp_path}/shards/*.tar"))
+
+    def test_memory_filesystem(self, memfs: fsspec.AbstractFileSystem) -> None:
+        """Any fsspec protocol lists, memory:// included."""
+        for i in range(4):
+            memfs.pipe(f"/b/t-{i}.tar", b"")
+        assert [u.rsplit("/", 1)[1] for u in ShardLister("memory://b/t-*.tar")] == [
+            f"t-{i}.tar" for i in range(4)
+        ]
+
+    def test_no_match_quotes_pattern(self, tmp_path: Path) -> None:
+        """A glob that matches nothing raises NoShardsError quoting it."""
+        pattern = str(tmp_path / "nothing-*.tar")
+        with pytest.raises(NoShardsError, match=re.escape(f"{pattern}: no shard matches")):
+            list(ShardLister(pattern))
+
+    @pytest.mark.parametrize("urls", [[], 3, [b"x"]])
+    def test_bad_urls(self, urls: object) -> None:
+        """Non-string or empty url lists are refused at construction."""
+        with pytest.raises(TypeError, match="urls must be"):
+            ShardLister(urls)  # type: ignore[arg-type]
+
+    def test_bad_braces_fail_at_construction(self) -> None:
+        """An unbalanced brace is reported when the pipe is built, not in a worker."""
+        with pytest.raises(ValueError, match="unbalanced"):
+            ShardLister("a{0..3.tar")
+
+
+class TestShardSplitter:
+    URLS = [f"s{i}" for i in range(5)]
+
+    def test_no_sharding_yields_all_whole(self) -> None:
+        """Without apply_sharding every shard comes whole, in order."""
+        assert list(ShardSplitter(IterableWrapper(self.URLS))) == [ShardPart(u) for u in self.URLS]
+
+    @pytest.mark.parametrize(("n", "total"), [(5, 2), (5, 5), (2, 5), (1, 4)])
+    def test_union_over_workers(self, n: int, total: int) -> None:
+        """Over all workers each shard is covered by parts that add up to the whole."""
+        got = []
+        for w in range(total):
+            pipe = ShardSplitter(IterableWrapper(self.URLS[:n]))
+            pipe.apply_sharding(total, w)
+            got += list(pipe)
+            assert len(pipe) == len(list(pipe))
+        for url in self.URLS[:n]:
+            parts = sorted(p.part for p in got if p.url == url)
+            assert parts == list(range(next(p.parts for p in got if p.url == url)))
+
+    def test_fixed_seed_same_order_every_time_and_epoch_changes_it(self) -> None:
+        """With seed given, the order depends on (seed, epoch) only."""
+        urls = [f"u{i}" for i in range(30)]
+        a = ShardSplitter(IterableWrapper(urls), shuffle=True, seed=7)
+        b = ShardSplitter(IterableWrapper(urls), shuffle=True, seed=7)
+        b.set_seed(12345)  # the DataLoader's seed does not override a fixed one
+        assert list(a) == list(b) == list(a)
+        assert sorted(p.url for p in a) == sorted(urls) and [p.url for p in a] != urls
+        first = list(a)
+        a.set_epoch(1)
+        assert list(a) != first
+
+    def test_shared_seed_from_loader(self) -> None:
+        """Without a fixed seed, set_seed (the DataLoader's shared seed) picks the order."""
+        urls = [f"u{i}" for i in range(30)]
+        a = ShardSplitter(IterableWrapper(urls), shuffle=True).set_seed(3)
+        b = pickle.loads(pickle.dumps(a))
+        assert list(a) == list(b)
+
+    def test_bad_seed(self) -> None:
+        """A non-integer seed is refused."""
+        with pytest.raises(TypeError, match="seed must be an integer"):
+            ShardSplitter(IterableWrapper([]), seed="x")  # type: ignore[arg-type]
