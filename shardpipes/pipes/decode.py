@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
@@ -17,6 +16,7 @@ from shardpipes._core.decoders import (
 )
 from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes.errors import DecodeError
+from shardpipes.pipes._length import source_length
 
 __all__ = ["SampleDecoder"]
 
@@ -106,8 +106,4 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
             yield decoded
 
     def __len__(self) -> int:
-        if isinstance(self.source_datapipe, Sized):
-            with contextlib.suppress(TypeError):
-                return len(self.source_datapipe)
-        msg = f"{type(self).__name__} instance doesn't have valid length"
-        raise TypeError(msg)
+        return source_length(self)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes.errors import MissingFieldError
+from shardpipes.pipes._length import source_length
 
 __all__ = ["TupleMaker"]
 
@@ -86,8 +86,4 @@ class TupleMaker(IterDataPipe[tuple[Any, ...]]):
             yield picked
 
     def __len__(self) -> int:
-        if isinstance(self.source_datapipe, Sized):
-            with contextlib.suppress(TypeError):
-                return len(self.source_datapipe)
-        msg = f"{type(self).__name__} instance doesn't have valid length"
-        raise TypeError(msg)
+        return source_length(self)

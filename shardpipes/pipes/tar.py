@@ -13,6 +13,7 @@ from shardpipes._core.samples import PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, block
 from shardpipes._core.tar import Member, iter_members
 from shardpipes.errors import ShardIndexError, ShardpipesError
+from shardpipes.pipes._length import no_length
 from shardpipes.pipes.index import Ranges, build_index, read_index
 
 __all__ = ["TarOpener"]
@@ -82,8 +83,7 @@ class TarOpener(IterDataPipe[Sample]):
                 handle(self.handler, exc, stage="open_tar", url=part.url)
 
     def __len__(self) -> int:
-        msg = f"{type(self).__name__} instance doesn't have valid length"
-        raise TypeError(msg)
+        no_length(self)
 
     def _samples(self, part: ShardPart) -> Iterator[Sample]:
         with fs.open_input(part.url, self.storage_options) as stream:

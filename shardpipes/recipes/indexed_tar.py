@@ -8,9 +8,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.handlers import Handler
-from shardpipes.pipes.shards import ShardLister, ShardSplitter
-from shardpipes.pipes.tar import TarOpener
-from shardpipes.recipes._stream import image_label_pairs
+from shardpipes.recipes._stream import one_tar
 
 __all__ = ["indexed_tar"]
 
@@ -43,14 +41,11 @@ def indexed_tar(
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
     """
-    if not isinstance(url, str):
-        msg = f"url must be one URL string (got {type(url).__name__})"
-        raise TypeError(msg)
-    shards = ShardSplitter(ShardLister(url, storage_options=storage_options))
-    samples = TarOpener(
-        shards,
+    return one_tar(
+        url,
+        index={url: index} if index is not None else True,
+        image=image,
+        transform=transform,
         storage_options=storage_options,
         handler=handler,
-        index={url: index} if index is not None else True,
     )
-    return image_label_pairs(samples, image=image, transform=transform, handler=handler)

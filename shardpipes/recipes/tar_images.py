@@ -8,9 +8,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.handlers import Handler
-from shardpipes.pipes.shards import ShardLister, ShardSplitter
-from shardpipes.pipes.tar import TarOpener
-from shardpipes.recipes._stream import image_label_pairs
+from shardpipes.recipes._stream import one_tar
 
 __all__ = ["tar_images"]
 
@@ -40,9 +38,11 @@ def tar_images(
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
     """
-    if not isinstance(url, str):
-        msg = f"url must be one URL string (got {type(url).__name__}); use tar_shards for several"
-        raise TypeError(msg)
-    shards = ShardSplitter(ShardLister(url, storage_options=storage_options))
-    samples = TarOpener(shards, storage_options=storage_options, handler=handler)
-    return image_label_pairs(samples, image=image, transform=transform, handler=handler)
+    return one_tar(
+        url,
+        index=False,
+        image=image,
+        transform=transform,
+        storage_options=storage_options,
+        handler=handler,
+    )
