@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import shardpipes as sp
-from tests.conftest import Dataset
+from tests.conftest import Dataset, sample_members, write_tar
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +118,16 @@ def test_sample_shuffle_is_deterministic_with_a_generator(
     assert order(1) == order(1)
     assert order(1) != order(2)
     assert sorted(order(1)) == sorted(data.keys)
+
+
+def test_memory_filesystem_with_workers(memfs: object) -> None:
+    """Shards on memory:// (a second fsspec filesystem) give each sample once with 2 workers."""
+    keys = []
+    for s in range(3):
+        members = []
+        for i in range(5):
+            keys.append(f"m{s}/{i}")
+            members += sample_members(keys[-1], i, i, images=False)
+        write_tar(f"memory://bucket/train-{s}.tar", members)
+    pipe = sp.list_shards("memory://bucket/train-*.tar").split_shards().open_tar().map(key_of)
+    assert Counter(load(pipe, 2)) == Counter(keys)

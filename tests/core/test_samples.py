@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes._core.samples import PartFilter, group_samples, split_name
@@ -81,3 +84,19 @@ def test_part_filter_counts_samples_not_members() -> None:
     keep = PartFilter(1, 2)
     names = ["a.jpg", "a.cls", "b.jpg", "b.cls", "README", "c.jpg", "a.txt"]
     assert [n for n in names if keep(n)] == ["b.jpg", "b.cls", "a.txt"]
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(["jpg", "cls", "txt"])), max_size=30)
+)
+def test_grouping_property(names: list[tuple[str, str]]) -> None:
+    """Samples are the runs of equal keys; a run with a repeated extension raises."""
+    ms = members(*(f"{k}.{e}" for k, e in names))
+    runs = [list(g) for _, g in itertools.groupby(names, key=lambda n: n[0])]
+    if any(len({e for _, e in run}) < len(run) for run in runs):
+        with pytest.raises(TarFormatError, match="duplicate extension"):
+            list(group_samples(ms, url="u"))
+        return
+    got = list(group_samples(ms, url="u"))
+    assert [s["__key__"] for s in got] == [run[0][0] for run in runs]
+    assert [sorted(s)[2:] for s in got] == [sorted(e for _, e in run) for run in runs]
