@@ -1,0 +1,268 @@
+"""The ``shardpipes`` command: write, index and inspect shards; list recipes; run a demo.
+
+Run ``shardpipes --help`` or ``shardpipes COMMAND --help``. Errors print one line,
+``shardpipes: error: <message>``, and exit 2 (bad usage) or 1 (bad data); ``--debug``
+adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+from shardpipes import fs
+from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size
+from shardpipes.errors import NoShardsError, ShardNotFoundError, ShardpipesError
+
+__all__ = ["main"]
+
+_UNSAFE = re.compile(r"[^\w-]+")
+
+
+class _UsageError(Exception):
+    """A command-line usage problem (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _positive(text: str, minimum: int = 1) -> int:
+    if not text.isdigit() or int(text) < minimum:
+        kind = "a positive" if minimum else "a non-negative"
+        msg = f"must be {kind} integer (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return int(text)
+
+
+def _natural(text: str) -> int:
+    return _positive(text, 0)
+
+
+def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Wrap a parser so that argparse reports its ``ValueError`` message as it is."""
+
+    def wrapped(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return wrapped
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        msg = f"storage option must look like key=value (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="shardpipes", description="Write, index, inspect and stream tar shards.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    so = _Parser(add_help=False)
+    so.add_argument("--storage-option", "-o", dest="storage_options", type=_option,
+                    action="append", default=[], metavar="KEY=VALUE",
+                    help="fsspec option, repeatable (VALUE parsed as JSON if it can)")  # fmt: skip
+    demo = sub.add_parser("demo", help="make a small image dataset and stream it with tar_shards")
+    demo.set_defaults(run=_demo)
+    demo.add_argument("--samples", type=_positive, default=512, help="images (default 512)")
+    demo.add_argument("--shards", type=_positive, default=8, help="shards (default 8)")
+    demo.add_argument("--workers", type=_natural, default=2, help="DataLoader workers (default 2)")
+    demo.add_argument("--cache", help="dataset folder (default ~/.cache/shardpipes/demo)")
+    sub.add_parser("recipes", help="list the prebuilt recipes").set_defaults(run=_recipes)
+    write = sub.add_parser("write", parents=[so], help="write an image folder as tar shards")
+    write.set_defaults(run=_write)
+    write.add_argument("src", help="folder with one sub-folder per class (any fsspec URL)")
+    write.add_argument(
+        "out", type=_arg(check_pattern), help="shard URL pattern, e.g. out/train-%%06d.tar"
+    )
+    limit = write.add_mutually_exclusive_group()
+    limit.add_argument("--shard-size", type=_arg(parse_size), help="max shard size (256MB, 1GiB…)")
+    limit.add_argument("--samples-per-shard", type=_positive, help="max samples per shard")
+    index = sub.add_parser("index", parents=[so], help="write URL.idx sidecar indexes")
+    index.set_defaults(run=_index)
+    index.add_argument("urls", nargs="+", metavar="URL", help="shard URLs, brace patterns, globs")
+    inspect = sub.add_parser("inspect", parents=[so], help="count shards, samples, extensions")
+    inspect.set_defaults(run=_inspect)
+    inspect.add_argument("url", metavar="URL", help="shard URL, brace pattern or glob")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``shardpipes`` command with ``argv`` (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 for bad data, 2 for bad usage, 130 on Ctrl-C.
+    """
+    debug = False
+    try:
+        args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+        debug = args.debug
+        return int(args.run(args))
+    except _UsageError as exc:
+        return _fail(exc, 2, debug=False)  # argparse's own traceback would tell nothing
+    except (ShardpipesError, OSError, ValueError, ImportError) as exc:
+        return _fail(exc, 1, debug=debug)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(exc: BaseException, status: int, *, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    message = str(exc) or type(exc).__name__
+    print(f"shardpipes: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from shardpipes import recipes
+
+    summaries = recipes.describe()
+    width = max(map(len, summaries))
+    for name, summary in summaries.items():
+        print(f"{name:<{width}}  {summary}")
+    return 0
+
+
+def _write(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    options = dict(args.storage_options)
+    images = _list_images(args.src, options)
+    opener = lambda url: fs.open_output(url, options)  # noqa: E731
+    writer = TarShardWriter(args.out, opener=opener, max_bytes=args.shard_size,
+                            max_samples=args.samples_per_shard)  # fmt: skip
+    with writer, tqdm(images, unit="img", desc="write", file=sys.stderr) as bar:
+        for key, ext, label, url in bar:
+            with fs.open_input(url, options) as f:
+                writer.write({"__key__": key, ext: f.read(), "cls": str(label)})
+    for shard in writer.shards:
+        print(f"{shard.url}\t{shard.samples} samples\t{shard.size} bytes")
+    print(f"wrote {writer.samples} samples to {len(writer.shards)} shards")
+    return 0
+
+
+def _list_images(src: str, options: dict[str, Any]) -> list[tuple[str, str, int, str]]:
+    """Return ``(key, ext, label, url)`` of every image under ``src``'s class folders."""
+    from shardpipes.recipes.image_folder import IMAGE_EXTENSIONS
+
+    filesystem, root = fs.url_to_fs(src, options)
+    protocols = filesystem.protocol
+    local = "file" in ((protocols,) if isinstance(protocols, str) else protocols)
+    if not (os.path.isdir(root) if local else fs.exists(src, options)):
+        msg = "no such folder"
+        raise ShardNotFoundError(msg, url=src)
+    real_root = os.path.realpath(root) if local else ""
+    found, keys = [], set[str]()
+    classes = [(name, url) for name, url, d in _children(src, root, real_root, options) if d]
+    for label, (name, url) in enumerate(sorted(classes)):
+        for rel, file_url in _files(url, [name], real_root, options):
+            stem, dot, ext = rel[-1].rpartition(".")
+            if not (stem and dot) or f".{ext.lower()}" not in IMAGE_EXTENSIONS:
+                continue
+            key = "/".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in [*rel[:-1], stem])
+            base, n = key, 1
+            while key in keys:
+                n += 1
+                key = f"{base}_{n}"
+            keys.add(key)
+            found.append((key, ext.lower(), label, file_url))
+    if not found:
+        msg = "no images in class sub-folders"
+        raise NoShardsError(msg, url=src)
+    return found
+
+
+def _files(url: str, rel: list[str], real_root: str, options: dict[str, Any]) -> Iterator[Any]:
+    for name, child, is_dir in _children(url, url, real_root, options):
+        if is_dir:
+            yield from _files(child, [*rel, name], real_root, options)
+        else:
+            yield [*rel, name], child
+
+
+def _children(url: str, path: str, real_root: str, options: dict[str, Any]) -> list[Any]:
+    """Sorted ``(name, url, is_dir)`` of a folder; locally, no symlinked folders, none out."""
+    if not real_root:
+        return [(u.rstrip("/").rsplit("/", 1)[-1], u, d) for u, d in fs.listdir(url, options)]
+    out = []
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.is_symlink():
+            real = os.path.realpath(entry.path)
+            if entry.is_dir() or not real.startswith(real_root + os.sep):
+                continue  # never follow a link to a folder, nor one out of the source
+        out.append((entry.name, entry.path, entry.is_dir(follow_symlinks=False)))
+    return out
+
+
+def _index(args: argparse.Namespace) -> int:
+    from shardpipes.pipes.index import write_index
+    from shardpipes.pipes.shards import ShardLister
+
+    options = dict(args.storage_options)
+    for url in ShardLister(args.urls, storage_options=options):
+        if not url.endswith(".idx"):
+            target, count = write_index(url, storage_options=options)
+            print(f"{target}\t{count} samples")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    from shardpipes.pipes.shards import ShardLister
+    from shardpipes.pipes.tar import TarOpener
+
+    options = dict(args.storage_options)
+    urls = [u for u in ShardLister(args.url, storage_options=options) if not u.endswith(".idx")]
+    counts, sizes, samples = Counter[str](), defaultdict[str, int](int), 0
+    for sample in TarOpener(IterableWrapper(urls), storage_options=options):
+        samples += 1
+        for ext, data in sample.items():
+            if not ext.startswith("__"):
+                counts[ext] += 1
+                sizes[ext] += len(data)
+    print(f"shards: {len(urls)}\nsamples: {samples}")
+    print(f"{'extension':<12}{'count':>10}{'total bytes':>16}{'mean bytes':>14}")
+    for ext in sorted(counts):
+        print(f"{ext:<12}{counts[ext]:>10}{sizes[ext]:>16}{sizes[ext] / counts[ext]:>14.1f}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from shardpipes import _demo as demo
+
+    cache = args.cache or demo.default_cache()
+    data = demo.ensure_dataset(cache, samples=args.samples, shards=args.shards)
+    urls = [os.path.join(data["folder"], name) for name, _, _ in data["shards"]]
+    how = "reused" if data["reused"] else "wrote"
+    print(f"{how} {data['samples']} images in {len(urls)} shards: {data['folder']}")
+    expected = demo.reference(urls)
+    start = time.perf_counter()
+    with tqdm(total=data["samples"], unit="img", desc="read", file=sys.stderr) as bar:
+        seen, labels = demo.stream(urls, workers=args.workers, progress=bar.update)
+    elapsed = time.perf_counter() - start
+    rate = labels.total() / elapsed
+    print(f"read {labels.total()} samples with {args.workers} workers: {rate:.0f} samples/s")
+    once = demo.exactly_once(data, expected, seen, labels)
+    print(f"exactly once: {'yes' if once else 'no'}")
+    return 0 if once else 1
