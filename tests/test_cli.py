@@ -417,33 +417,9 @@ class TestDemo:
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
     ) -> None:
         """A truncated shard makes the cached copy incomplete, so it is written again."""
-        assert (
-            _run(
-                capsys,
-                "demo",
-                "--samples",
-                "16",
-                "--shards",
-                "2",
-                "--cache",
-                str(tmp_path),
-                "--workers",
-                "0",
-            )[0]
-            == 0
-        )
+        args = ["demo", "--samples", "16", "--shards", "2", "--cache", str(tmp_path)]
+        assert _run(capsys, *args, "--workers", "0")[0] == 0
         shard = tmp_path / "16-2" / "train-000000.tar"
         shard.write_bytes(shard.read_bytes()[:1000])
-        status, out, _ = _run(
-            capsys,
-            "demo",
-            "--samples",
-            "16",
-            "--shards",
-            "2",
-            "--cache",
-            str(tmp_path),
-            "--workers",
-            "0",
-        )
+        status, out, _ = _run(capsys, *args, "--workers", "0")
         assert (status, out.split()[0]) == (0, "wrote")
