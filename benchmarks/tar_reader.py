@@ -75,9 +75,8 @@ def main() -> None:
             ("open_tar", with_open_tar),
         ]:
             seconds, members = best(fn, path)
-            print(
-                f"{name:14s} {members / seconds:12,.0f} members/s  {members / 2 / seconds:12,.0f} samples/s"
-            )
+            rate = members / seconds
+            print(f"{name:14s} {rate:12,.0f} members/s  {rate / 2:12,.0f} samples/s")
 
 
 if __name__ == "__main__":
