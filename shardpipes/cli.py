@@ -15,12 +15,12 @@ import sys
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from shardpipes import fs
 from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size
-from shardpipes.errors import NoShardsError, ShardNotFoundError, ShardpipesError
+from shardpipes.errors import ShardpipesError
 
 __all__ = ["main"]
 
@@ -161,55 +161,19 @@ def _write(args: argparse.Namespace) -> int:
 
 def _list_images(src: str, options: dict[str, Any]) -> list[tuple[str, str, int, str]]:
     """Return ``(key, ext, label, url)`` of every image under ``src``'s class folders."""
-    from shardpipes.recipes.image_folder import IMAGE_EXTENSIONS
+    from shardpipes.recipes.image_folder import class_images
 
-    filesystem, root = fs.url_to_fs(src, options)
-    protocols = filesystem.protocol
-    local = "file" in ((protocols,) if isinstance(protocols, str) else protocols)
-    if not (os.path.isdir(root) if local else fs.exists(src, options)):
-        msg = "no such folder"
-        raise ShardNotFoundError(msg, url=src)
-    real_root = os.path.realpath(root) if local else ""
     found, keys = [], set[str]()
-    classes = [(name, url) for name, url, d in _children(src, root, real_root, options) if d]
-    for label, (name, url) in enumerate(sorted(classes)):
-        for rel, file_url in _files(url, [name], real_root, options):
-            stem, dot, ext = rel[-1].rpartition(".")
-            if not (stem and dot) or f".{ext.lower()}" not in IMAGE_EXTENSIONS:
-                continue
-            key = "/".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in [*rel[:-1], stem])
-            base, n = key, 1
-            while key in keys:
-                n += 1
-                key = f"{base}_{n}"
-            keys.add(key)
-            found.append((key, ext.lower(), label, file_url))
-    if not found:
-        msg = "no images in class sub-folders"
-        raise NoShardsError(msg, url=src)
+    for url, label, parts in class_images(src, options)[1]:
+        stem, _, ext = parts[-1].rpartition(".")
+        key = "/".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in [*parts[:-1], stem])
+        base, n = key, 1
+        while key in keys:
+            n += 1
+            key = f"{base}_{n}"
+        keys.add(key)
+        found.append((key, ext.lower(), label, url))
     return found
-
-
-def _files(url: str, rel: list[str], real_root: str, options: dict[str, Any]) -> Iterator[Any]:
-    for name, child, is_dir in _children(url, url, real_root, options):
-        if is_dir:
-            yield from _files(child, [*rel, name], real_root, options)
-        else:
-            yield [*rel, name], child
-
-
-def _children(url: str, path: str, real_root: str, options: dict[str, Any]) -> list[Any]:
-    """Sorted ``(name, url, is_dir)`` of a folder; locally, no symlinked folders, none out."""
-    if not real_root:
-        return [(u.rstrip("/").rsplit("/", 1)[-1], u, d) for u, d in fs.listdir(url, options)]
-    out = []
-    for entry in sorted(os.scandir(path), key=lambda e: e.name):
-        if entry.is_symlink():
-            real = os.path.realpath(entry.path)
-            if entry.is_dir() or not real.startswith(real_root + os.sep):
-                continue  # never follow a link to a folder, nor one out of the source
-        out.append((entry.name, entry.path, entry.is_dir(follow_symlinks=False)))
-    return out
 
 
 def _index(args: argparse.Namespace) -> int:

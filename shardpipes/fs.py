@@ -29,6 +29,7 @@ __all__ = [
     "read_range",
     "size",
     "url_to_fs",
+    "walk",
 ]
 
 StorageOptions = Mapping[str, Any]
@@ -154,6 +155,64 @@ def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tup
         for e in entries
         if e["name"].rstrip("/") != path.rstrip("/")
     ]
+    return sorted(out)
+
+
+Entry = tuple[tuple[str, ...], str, bool]
+
+
+def walk(url: str, storage_options: StorageOptions | None = None) -> Iterator[Entry]:
+    """Walk the folder ``url``: ``(parts, url, is_dir)`` of everything under it, sorted.
+
+    ``parts`` is the entry's path relative to ``url``, split on ``/``; a folder comes before
+    its contents, and the entries of one folder are in name order. On a local disk
+    symbolic links never lead out: a link to a folder is not followed, and a link to a file
+    outside ``url`` is left out.
+
+    Raises:
+        ShardNotFoundError: If ``url`` is not a folder.
+    """
+    filesystem, path = url_to_fs(url, storage_options)
+    if not filesystem.isdir(path):
+        msg = "no such folder"
+        raise ShardNotFoundError(msg, url=url)
+    local = "file" in _protocols(filesystem)
+    real_root = os.path.realpath(path) if local else None
+    yield from _walk(url.rstrip("/"), path, (), real_root, storage_options)
+
+
+def _protocols(filesystem: Any) -> tuple[str, ...]:
+    protocol = filesystem.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _walk(
+    url: str,
+    path: str,
+    parts: tuple[str, ...],
+    real_root: str | None,
+    options: StorageOptions | None,
+) -> Iterator[Entry]:
+    for name, is_dir in _entries(url, path, real_root, options):
+        child = (*parts, name)
+        yield child, f"{url}/{name}", is_dir
+        if is_dir:
+            yield from _walk(f"{url}/{name}", os.path.join(path, name), child, real_root, options)
+
+
+def _entries(
+    url: str, path: str, real_root: str | None, options: StorageOptions | None
+) -> list[tuple[str, bool]]:
+    """Sorted ``(name, is_dir)`` of one folder, with the local symlink rule applied."""
+    if real_root is None:
+        return sorted((u.rstrip("/").rsplit("/", 1)[-1], d) for u, d in listdir(url, options))
+    out = []
+    for entry in os.scandir(path):
+        if entry.is_symlink() and (
+            entry.is_dir() or not os.path.realpath(entry.path).startswith(real_root + os.sep)
+        ):
+            continue  # never follow a link to a folder, nor one out of the walked folder
+        out.append((entry.name, entry.is_dir(follow_symlinks=False)))
     return sorted(out)
 
 

@@ -9,7 +9,6 @@ object in it.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,35 +16,52 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from shardpipes import fs
+from shardpipes._core.decoders import IMAGE_EXTENSIONS, decode_image
 from shardpipes.errors import DecodeError, NoShardsError
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageFolder", "image_folder"]
+__all__ = ["ImageFolder", "class_images", "image_folder"]
 
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".pbm", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
-)
-"""File extensions taken as images (compared case-insensitively)."""
+ClassImage = tuple[str, int, tuple[str, ...]]
 
 
-def _basename(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
+def _is_image(name: str) -> bool:
+    stem, dot, ext = name.lower().rpartition(".")
+    return bool(stem and dot) and ext in IMAGE_EXTENSIONS
 
 
-def _is_image(url: str) -> bool:
-    name = _basename(url).lower()
-    stem, dot, ext = name.rpartition(".")
-    return bool(stem and dot) and f".{ext}" in IMAGE_EXTENSIONS
+def class_images(
+    root: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[list[str], list[ClassImage]]:
+    """List a folder of images with one sub-folder per class, as torchvision's ImageFolder.
 
+    Args:
+        root: The folder (any fsspec URL).
+        storage_options: Passed to the filesystem.
 
-def _walk_images(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    """Return the image files under the directory ``url``, recursively, sorted."""
-    found: list[str] = []
-    for entry, is_dir in fs.listdir(url, storage_options):
-        if is_dir:
-            found.extend(_walk_images(entry, storage_options))
-        elif _is_image(entry):
-            found.append(entry)
-    return sorted(found)
+    Returns:
+        ``(classes, images)``: the sorted sub-folder names, and ``(url, label, parts)`` of
+        every image file (extension in :data:`~shardpipes._core.decoders.IMAGE_EXTENSIONS`,
+        any case) under them, by class then by URL; ``parts`` is its path from ``root``.
+        On a local disk, symbolic links never lead out of ``root`` (see
+        :func:`shardpipes.fs.walk`).
+
+    Raises:
+        ShardNotFoundError: ``root`` is not a folder.
+        NoShardsError: No class folder holds an image (a ``FileNotFoundError``).
+    """
+    entries = list(fs.walk(root, storage_options))
+    classes = [parts[0] for parts, _, is_dir in entries if is_dir and len(parts) == 1]
+    label = {name: i for i, name in enumerate(classes)}
+    images = sorted(
+        ((url, label[parts[0]], parts) for parts, url, is_dir in entries
+         if not is_dir and len(parts) > 1 and _is_image(parts[-1])),
+        key=lambda image: (image[1], image[0]),
+    )  # fmt: skip
+    if not images:
+        exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+        problem = f"no images in class sub-folders (extensions: {exts})"
+        raise NoShardsError(problem, url=root)
+    return classes, images
 
 
 class ImageFolder(Dataset[tuple[Any, int]]):
@@ -81,18 +97,9 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         self.root = root
         self.transform = transform
         self.storage_options = dict(storage_options or {})
-        folders = [url for url, is_dir in fs.listdir(root, self.storage_options) if is_dir]
-        self.classes = sorted(_basename(url) for url in folders)
+        self.classes, images = class_images(root, self.storage_options)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.samples = [
-            (file_url, self.class_to_idx[_basename(url)])
-            for url in sorted(folders, key=_basename)
-            for file_url in _walk_images(url, self.storage_options)
-        ]
-        if not self.samples:
-            exts = ", ".join(sorted(IMAGE_EXTENSIONS))
-            problem = f"no class folders with image files ({exts})"
-            raise NoShardsError(problem, url=root)
+        self.samples = [(url, label) for url, label, _ in images]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -114,11 +121,11 @@ class ImageFolder(Dataset[tuple[Any, int]]):
 def _decode_rgb(data: bytes, url: str) -> Image.Image:
     """Decode image bytes to an RGB image, or raise a DecodeError naming ``url``."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.convert("RGB")
+        image: Image.Image = decode_image(data, "pil")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         problem = f"cannot decode image: {exc}"
-        raise DecodeError(problem, url=url, member=_basename(url)) from exc
+        raise DecodeError(problem, url=url, member=url.rsplit("/", 1)[-1]) from exc
+    return image
 
 
 def image_folder(

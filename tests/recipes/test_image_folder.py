@@ -12,7 +12,7 @@ from pathlib import Path
 import fsspec
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 
 from shardpipes import fs
@@ -150,6 +150,26 @@ class TestImageFolder:
         _write(str(tmp_path / "cls" / name), b"whatever")
         found = {url.rsplit("/", 1)[-1] for url, _ in image_folder(str(tmp_path)).samples}
         assert found == ({"keep.png", name} if taken else {"keep.png"})
+
+    def test_symlinks_never_lead_out_of_root(self, tmp_path: Path) -> None:
+        """Links to folders and to files outside root are left out; links inside are kept."""
+        root, outside = tmp_path / "root", tmp_path / "outside"
+        _write(str(root / "cls" / "a.png"), _png(0))
+        _write(str(outside / "secret.png"), _png(1))
+        (root / "cls" / "secret.png").symlink_to(outside / "secret.png")
+        (root / "cls" / "linked").symlink_to(outside)
+        (root / "cls" / "again.png").symlink_to(root / "cls" / "a.png")
+        found = sorted(url.rsplit("/", 1)[-1] for url, _ in image_folder(str(root)).samples)
+        assert found == ["a.png", "again.png"]
+
+    def test_eps_under_an_image_name_is_not_opened(self, tmp_path: Path) -> None:
+        """Only raster formats are opened: an EPS file named .png is a DecodeError."""
+        _write(
+            str(tmp_path / "cls" / "x.png"), b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 1 1\n"
+        )
+        with pytest.raises(DecodeError, match=r"x\.png") as info:
+            image_folder(str(tmp_path))[0]
+        assert isinstance(info.value.__cause__, UnidentifiedImageError)  # never identified as EPS
 
     def test_files_at_root_ignored(self, tmp_path: Path) -> None:
         """Images directly in root belong to no class and are skipped."""
