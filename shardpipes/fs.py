@@ -1,4 +1,4 @@
-"""The only module that talks to fsspec: opening, globbing, ranged reads, listing, writing.
+"""The only module that talks to fsspec: opening (seekable, for ranged reads), globbing, listing, writing.
 
 Every function takes a URL in fsspec's grammar (a local path, ``file://``, ``memory://``,
 ``s3://``, ``gs://``, ``az://``, ``https://``, chained ``simplecache::s3://…``) and the
@@ -26,7 +26,6 @@ __all__ = [
     "listdir",
     "open_input",
     "open_output",
-    "read_range",
     "size",
     "url_to_fs",
     "walk",
@@ -236,19 +235,6 @@ def open_input(url: str, storage_options: StorageOptions | None = None) -> IO[by
     fs, path = url_to_fs(url, storage_options)
     with _not_found(url):
         return fs.open(path, "rb")  # type: ignore[no-any-return]
-
-
-def read_range(
-    url: str, start: int, end: int, storage_options: StorageOptions | None = None
-) -> bytes:
-    """Read bytes ``[start, end)`` of ``url`` in one ranged request.
-
-    Raises:
-        ShardNotFoundError: If it does not exist.
-    """
-    fs, path = url_to_fs(url, storage_options)
-    with _not_found(url):
-        return bytes(fs.cat_file(path, start=start, end=end))
 
 
 def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:
