@@ -1,4 +1,4 @@
-"""The only module that talks to fsspec: opening (seekable, for ranged reads), globbing, listing, writing.
+"""The only module that talks to fsspec: opening (seekable streams), globbing, listing, writing.
 
 Every function takes a URL in fsspec's grammar (a local path, ``file://``, ``memory://``,
 ``s3://``, ``gs://``, ``az://``, ``https://``, chained ``simplecache::s3://…``) and the
