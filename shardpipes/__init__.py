@@ -26,11 +26,12 @@ from shardpipes.errors import (
     TarFormatError,
     UnsafeDataError,
 )
-from shardpipes.pipes.collate import collate_samples
+from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.index import build_index, read_index, write_index
 from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from shardpipes.pipes.stream import ShardStream
 from shardpipes.pipes.tar import TarOpener
 
 __version__ = "0.1.0"
@@ -38,6 +39,8 @@ __version__ = "0.1.0"
 list_shards = ShardLister
 
 __all__ = [
+    "Batch",
+    "BatchDict",
     "DecodeError",
     "MissingFieldError",
     "NoShardsError",
@@ -47,6 +50,7 @@ __all__ = [
     "ShardNotFoundError",
     "ShardPart",
     "ShardSplitter",
+    "ShardStream",
     "ShardpipesError",
     "ShardpipesWarning",
     "TarFormatError",

@@ -131,3 +131,48 @@ def test_memory_filesystem_with_workers(memfs: object) -> None:
         write_tar(f"memory://bucket/train-{s}.tar", members)
     pipe = sp.list_shards("memory://bucket/train-*.tar").split_shards().open_tar().map(key_of)
     assert Counter(load(pipe, 2)) == Counter(keys)
+
+
+@pytest.mark.parametrize("shards", [1, 5])
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_tar_shards_batches(make_shards: Callable[..., Dataset], workers: int, shards: int) -> None:
+    """batch_size collates in the worker: Batch lists of (B, 3, H, W) images and labels."""
+    data = make_shards(shards, 7, images=True)
+    pipe = sp.recipes.tar_shards(data.urls, image="torch", batch_size=4, buffer_size=5)
+    batches = load(pipe, workers)
+    assert all(isinstance(b, sp.Batch) and b[0].shape[1:] == (3, 10, 12) for b in batches)
+    ids = [pixel_id(img) for images, _ in batches for img in images]
+    assert Counter(ids) == Counter(range(len(data.keys)))
+    labels = {
+        pixel_id(img): int(label)
+        for images, ls in batches
+        for img, label in zip(images, ls, strict=True)
+    }
+    assert [labels[i] for i in range(len(data.keys))] == [data.labels[k] for k in data.keys]
+
+
+def test_tar_shards_drop_last(make_shards: Callable[..., Dataset]) -> None:
+    """drop_last drops each worker's short batch; the others are full."""
+    data = make_shards(2, 5, images=True)
+    pipe = sp.recipes.tar_shards(data.urls, batch_size=4, drop_last=True, image="torch")
+    batches = load(pipe, 2)
+    assert [len(b[1]) for b in batches] == [4, 4]
+
+
+def test_tar_shards_other_fields(make_shards: Callable[..., Dataset]) -> None:
+    """The fields argument picks (and decodes) other members: text samples as (str, int)."""
+    data = make_shards(3, 4)
+    pipe = sp.recipes.tar_shards(data.urls, fields=("txt", "cls", "__key__"), shuffle=False)
+    got = load(pipe, 2)
+    assert sorted(key for _, _, key in got) == sorted(data.keys)
+    assert all(text == f"{key}\n" * 3 and label == data.labels[key] for text, label, key in got)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_recipe_resize_and_crop(make_shards: Callable[..., Dataset], workers: int) -> None:
+    """Resize + crop give fixed-size tensors that batch, from any image size."""
+    data = make_shards(2, 3, images=True)
+    pipe = sp.recipes.tar_shards(data.urls, image="torch", resize=8, crop=6, batch_size=3)
+    batches = load(pipe, workers)
+    assert sum(len(b[1]) for b in batches) == 6
+    assert all(tuple(b[0].shape[1:]) == (3, 6, 6) for b in batches)

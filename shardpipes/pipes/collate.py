@@ -18,9 +18,68 @@ import PIL.Image
 import torch
 from torch.utils.data import default_collate
 
-__all__ = ["collate_samples"]
+__all__ = ["Batch", "BatchDict", "collate_samples"]
 
 _NUMERIC_KINDS = "biufc"
+# tensors up to this size travel inside the pickle between processes; larger ones go
+# through shared memory, which costs a segment, a file descriptor and an mmap per tensor
+_INLINE_BYTES = 64 * 1024
+
+
+def _pack(value: Any) -> tuple[bool, Any]:
+    """``(True, array)`` for a small plain CPU tensor, sent by value; else ``(False, value)``."""
+    if (
+        type(value) is torch.Tensor
+        and value.layout == torch.strided
+        and value.device.type == "cpu"
+        and not value.requires_grad
+        and value.dtype not in _NO_NUMPY
+        and value.untyped_storage().nbytes() <= _INLINE_BYTES
+    ):
+        return True, value.numpy()
+    return False, value
+
+
+_NO_NUMPY = frozenset({torch.bfloat16, torch.complex32, torch.float8_e4m3fn, torch.float8_e5m2})
+
+
+def _unpack(packed: tuple[bool, Any]) -> Any:
+    inline, value = packed
+    return torch.from_numpy(value) if inline else value
+
+
+def _rebuild(cls: type[Any], items: Any) -> Any:
+    if issubclass(cls, dict):
+        return cls({key: _unpack(value) for key, value in items})
+    return cls(_unpack(value) for value in items)
+
+
+class Batch(list[Any]):
+    """A batch of fields (from tuple samples), as returned by :func:`collate_samples`.
+
+    A ``list`` — what a ``DataLoader`` hands over for a tuple anyway — that crosses from a
+    worker to the main process cheaply: small tensors (labels, sizes; up to 64 KiB) are
+    sent inside the pickle instead of one shared-memory segment each.
+    """
+
+    def __reduce_ex__(self, protocol: object) -> tuple[Any, ...]:
+        return _rebuild, (type(self), [_pack(value) for value in self])
+
+    def __copy__(self) -> Batch:
+        return type(self)(self)
+
+
+class BatchDict(dict[str, Any]):
+    """A batch of fields (from dict samples), as returned by :func:`collate_samples`.
+
+    A ``dict`` that crosses between processes as :class:`Batch` does.
+    """
+
+    def __reduce_ex__(self, protocol: object) -> tuple[Any, ...]:
+        return _rebuild, (type(self), [(key, _pack(value)) for key, value in self.items()])
+
+    def __copy__(self) -> BatchDict:
+        return type(self)(self)
 
 
 def collate_samples(batch: Sequence[Any]) -> Any:
@@ -37,7 +96,9 @@ def collate_samples(batch: Sequence[Any]) -> Any:
         batch: Samples, all dicts with the same fields or all tuples of the same length.
 
     Returns:
-        A dict (for dict samples) or a tuple (for tuple samples) of batched fields.
+        A :class:`BatchDict` (for dict samples) or a :class:`Batch` list (for tuple
+        samples) of batched fields: a ``dict`` and a ``list`` that move from DataLoader
+        workers to the main process faster than plain ones.
 
     Raises:
         ValueError: For an empty batch, samples with different fields, or tensors of
@@ -51,7 +112,7 @@ def collate_samples(batch: Sequence[Any]) -> Any:
         >>> batch["__key__"], batch["jpg"].shape, batch["cls"]
         (['k0', 'k1', 'k2'], torch.Size([3, 3, 2, 4]), tensor([0, 1, 2]))
         >>> collate_samples([("a", 1), ("b", 2)])
-        (['a', 'b'], tensor([1, 2]))
+        [['a', 'b'], tensor([1, 2])]
     """
     if not batch:
         msg = "batch must hold at least one sample (got an empty batch)"
@@ -60,11 +121,13 @@ def collate_samples(batch: Sequence[Any]) -> Any:
     if isinstance(first, Mapping):
         for sample in batch:
             _check_same(set(first), set(sample), "fields")
-        return {field: _collate_field(field, [s[field] for s in batch]) for field in first}
+        return BatchDict(
+            {field: _collate_field(field, [s[field] for s in batch]) for field in first}
+        )
     if isinstance(first, (tuple, list)):
         for sample in batch:
             _check_same(len(first), len(sample), "lengths")
-        return tuple(
+        return Batch(
             _collate_field(i, list(column)) for i, column in enumerate(zip(*batch, strict=True))
         )
     return default_collate(list(batch))

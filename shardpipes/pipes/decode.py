@@ -18,7 +18,7 @@ from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes.errors import DecodeError
 from shardpipes.pipes._length import source_length
 
-__all__ = ["SampleDecoder"]
+__all__ = ["SampleDecoder", "decoder_table"]
 
 
 @functional_datapipe("decode")
@@ -39,6 +39,10 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
         source_datapipe: Samples: dicts with ``__key__``, ``__url__`` and ``bytes`` fields.
         image: ``"pil"`` (RGB ``PIL.Image``), ``"numpy"`` (uint8 HWC array), ``"torch"``
             (uint8 CHW tensor) or ``"bytes"`` (leave images encoded).
+        resize: Scale images so that their shorter side is this long, decoding JPEGs at
+            a reduced scale where that is enough (torchvision's ``Resize(resize)``).
+        crop: Then cut the central ``crop`` x ``crop`` square (``CenterCrop(crop)``),
+            resampling only that region. ``resize=256, crop=224`` is the usual pair.
         handler: What to do with a sample that fails to decode: ``"raise"``, ``"warn"``
             (skip it with a warning), ``"ignore"`` (skip it) or a callable
             ``(exc, context) -> bool`` returning ``True`` to skip.
@@ -75,6 +79,8 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
         source_datapipe: IterDataPipe[dict[str, Any]],
         image: str = "pil",
         *,
+        resize: int | None = None,
+        crop: int | None = None,
         handler: Handler = "raise",
         allow_pickle: bool | Iterable[str] = False,
         overrides: Mapping[str, Decoder | None] | None = None,
@@ -82,18 +88,16 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
     ) -> None:
         self.source_datapipe = source_datapipe
         self.image = check_image_mode(image)
+        self.resize, self.crop = resize, crop
         self.handler = check_handler(handler)
         check_allow_pickle(allow_pickle)
         self.allow_pickle = allow_pickle
         self.overrides = dict(overrides or {})
         self.decoders = decoders
-        table = default_decoders(image, allow_pickle=allow_pickle)
-        for ext, decoder in {**self.overrides, **decoders}.items():
-            if decoder is not None and not callable(decoder):
-                msg = f"decoder for {ext!r} must be callable or None (got {decoder!r})"
-                raise TypeError(msg)
-            table[ext.lower()] = decoder
-        self._table = table
+        self._table = decoder_table(
+            image, resize=resize, crop=crop, allow_pickle=allow_pickle,
+            overrides={**self.overrides, **decoders},
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for sample in self.source_datapipe:
@@ -107,3 +111,21 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
 
     def __len__(self) -> int:
         return source_length(self)
+
+
+def decoder_table(
+    image: str,
+    *,
+    resize: int | None = None,
+    crop: int | None = None,
+    allow_pickle: bool | Iterable[str] = False,
+    overrides: Mapping[str, Decoder | None] | None = None,
+) -> dict[str, Decoder | None]:
+    """The default decoders for these options, with ``overrides`` (checked) on top."""
+    table = default_decoders(image, allow_pickle=allow_pickle, resize=resize, crop=crop)
+    for ext, decoder in (overrides or {}).items():
+        if decoder is not None and not callable(decoder):
+            msg = f"decoder for {ext!r} must be callable or None (got {decoder!r})"
+            raise TypeError(msg)
+        table[ext.lower()] = decoder
+    return table

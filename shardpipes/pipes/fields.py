@@ -11,7 +11,7 @@ from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes.errors import MissingFieldError
 from shardpipes.pipes._length import source_length
 
-__all__ = ["TupleMaker"]
+__all__ = ["TupleMaker", "parse_fields", "pick"]
 
 
 def _parse_field(field: object) -> tuple[str, ...]:
@@ -25,10 +25,20 @@ def _parse_field(field: object) -> tuple[str, ...]:
     return alternatives
 
 
-def _pick(sample: Mapping[str, Any], alternatives: tuple[str, ...]) -> Any:
+def parse_fields(fields: tuple[object, ...]) -> tuple[tuple[str, ...], ...]:
+    """Split each field spec (``"jpg;png"``) into its alternatives, checking them."""
+    return tuple(_parse_field(field) for field in fields)
+
+
+def pick(sample: Mapping[str, Any], alternatives: tuple[str, ...]) -> str:
+    """The first of ``alternatives`` that ``sample`` has.
+
+    Raises:
+        MissingFieldError: The sample has none of them.
+    """
     for name in alternatives:
         if name in sample:
-            return sample[name]
+            return name
     wanted = " or ".join(repr(name) for name in alternatives)
     present = sorted(name for name in sample if not name.startswith("__"))
     problem = f"no field {wanted}; the sample has {present}"
@@ -72,14 +82,14 @@ class TupleMaker(IterDataPipe[tuple[Any, ...]]):
             msg = "fields must name at least one field (got none)"
             raise ValueError(msg)
         self.source_datapipe = source_datapipe
-        self._alternatives = tuple(_parse_field(field) for field in fields)
+        self._alternatives = parse_fields(fields)
         self.fields = fields
         self.handler = check_handler(handler)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         for sample in self.source_datapipe:
             try:
-                picked = tuple(_pick(sample, names) for names in self._alternatives)
+                picked = tuple(sample[pick(sample, names)] for names in self._alternatives)
             except MissingFieldError as exc:
                 handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
                 continue

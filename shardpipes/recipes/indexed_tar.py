@@ -19,9 +19,13 @@ def indexed_tar(
     index: str | None = None,
     transform: Callable[[Any], Any] | None = None,
     image: str = "pil",
+    resize: int | None = None,
+    crop: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
-) -> IterDataPipe[tuple[Any, int]]:
+) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from one big tar split by an index, as tfrecord does.
 
     The index lists each sample's byte range; worker ``k`` of ``m`` reads one contiguous
@@ -34,7 +38,11 @@ def indexed_tar(
         url: The tar's URL (any fsspec filesystem; not gzip-compressed).
         index: The index URL; default the sidecar ``url + ".idx"``, or built on the fly.
         transform: Applied to each decoded image.
-        image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"``.
+        image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
+        resize: Shorter image side, as for :func:`~shardpipes.recipes.tar_shards`.
+        crop: Center-crop size after ``resize``.
+        batch_size: Collate batches of this many pairs in the worker (default: pairs).
+        drop_last: Drop each worker's last, shorter batch.
         storage_options: Passed to the fsspec filesystem.
         handler: Error policy for every stage.
 
@@ -45,7 +53,11 @@ def indexed_tar(
         url,
         index={url: index} if index is not None else True,
         image=image,
+        resize=resize,
+        crop=crop,
         transform=transform,
+        batch_size=batch_size,
+        drop_last=drop_last,
         storage_options=storage_options,
         handler=handler,
     )

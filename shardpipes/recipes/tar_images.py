@@ -18,9 +18,13 @@ def tar_images(
     *,
     transform: Callable[[Any], Any] | None = None,
     image: str = "pil",
+    resize: int | None = None,
+    crop: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
-) -> IterDataPipe[tuple[Any, int]]:
+) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from ONE tar: the notebook's ``TarImageDataset``, fixed.
 
     The notebook extracts the tar into the working directory (a tar-slip hole: a member
@@ -31,7 +35,11 @@ def tar_images(
     Args:
         url: The tar's URL (any fsspec filesystem).
         transform: Applied to each decoded image.
-        image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"``.
+        image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
+        resize: Shorter image side, as for :func:`~shardpipes.recipes.tar_shards`.
+        crop: Center-crop size after ``resize``.
+        batch_size: Collate batches of this many pairs in the worker (default: pairs).
+        drop_last: Drop each worker's last, shorter batch.
         storage_options: Passed to the fsspec filesystem.
         handler: Error policy for every stage.
 
@@ -42,7 +50,11 @@ def tar_images(
         url,
         index=False,
         image=image,
+        resize=resize,
+        crop=crop,
         transform=transform,
+        batch_size=batch_size,
+        drop_last=drop_last,
         storage_options=storage_options,
         handler=handler,
     )

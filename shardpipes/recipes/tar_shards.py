@@ -6,12 +6,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter import Shuffler
 
 from shardpipes._core.handlers import Handler
 from shardpipes.pipes.shards import ShardLister, ShardSplitter
-from shardpipes.pipes.tar import TarOpener
-from shardpipes.recipes._stream import image_label_pairs
+from shardpipes.pipes.stream import ShardStream
+from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS
 
 __all__ = ["tar_shards"]
 
@@ -24,36 +23,69 @@ def tar_shards(
     buffer_size: int = 1000,
     transform: Callable[[Any], Any] | None = None,
     image: str = "pil",
+    resize: int | None = None,
+    crop: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+    fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
-) -> IterDataPipe[tuple[Any, int]]:
+) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from many tar shards: the notebook's one-tar-per-worker loader.
 
     Works with any number of shards, DataLoader workers and distributed ranks: each
     worker reads whole shards when there are enough, and a part of a shard's samples when
     there are fewer shards than workers, so every sample comes exactly once per epoch.
+    Reading, shuffling, decoding and batching run in one pipe stage
+    (:class:`~shardpipes.pipes.stream.ShardStream`), which is what makes it fast on
+    small samples; the chained pipes do the same work one stage at a time.
 
     Args:
         urls: Shard URLs, brace patterns or globs (``"s3://b/train-{000..099}.tar"``).
         shuffle: Shuffle the shard order and, through a buffer, the samples.
         seed: Fixed seed for the shard order (varies with ``set_epoch``); by default the
             DataLoader's seed.
-        buffer_size: Samples held in the shuffle buffer (per worker); ``shuffle=False`` or
-            a size below 2 turns it off.
-        transform: Applied to each decoded image.
+        buffer_size: Samples held (undecoded) in the shuffle buffer, per worker;
+            ``shuffle=False`` or a size below 2 turns it off.
+        transform: Applied to each decoded image (the first field).
         image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
+        resize: Scale each image so that its shorter side is this long; JPEGs are
+            decoded at a reduced scale where that is enough.
+        crop: Then cut the central ``crop`` x ``crop`` square; only that region is
+            resampled. ``resize=256, crop=224`` gives what torchvision's ``Resize(256)``
+            and ``CenterCrop(224)`` give, faster.
+        batch_size: Collate batches of this many samples in the worker
+            (:func:`~shardpipes.collate_samples`: a uint8 ``(B, C, H, W)`` tensor and an
+            int64 label tensor); hand the pipe to ``DataLoader(pipe, batch_size=None)``.
+            Default: single samples.
+        drop_last: Drop each worker's last, shorter batch.
+        fields: The fields of each sample, in order, each maybe with ``;``-separated
+            alternatives; the default is (image, label). ``("bin", "cls")`` reads other
+            data; only the named fields are decoded.
         storage_options: Passed to the fsspec filesystem.
         handler: Error policy for every stage (see ``open_tar``).
 
     Returns:
         A pipe to hand to ``torch.utils.data.DataLoader(pipe, batch_size=…, num_workers=…)``.
+
+    Example:
+        >>> from shardpipes.recipes import tar_shards
+        >>> pipe = tar_shards("data/train-{000..099}.tar", image="torch", resize=256,
+        ...                   crop=224, batch_size=64)
     """
     shards = ShardSplitter(
         ShardLister(urls, storage_options=storage_options), shuffle=shuffle, seed=seed
     )
-    samples: IterDataPipe[dict[str, Any]] = TarOpener(
-        shards, storage_options=storage_options, handler=handler
+    return ShardStream(
+        shards,
+        fields=fields,
+        image=image,
+        resize=resize,
+        crop=crop,
+        transform=transform,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        buffer_size=buffer_size if shuffle else 0,
+        storage_options=storage_options,
+        handler=handler,
     )
-    if shuffle and buffer_size > 1:
-        samples = Shuffler(samples, buffer_size=buffer_size)
-    return image_label_pairs(samples, image=image, transform=transform, handler=handler)

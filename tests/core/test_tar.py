@@ -103,6 +103,22 @@ class TestFormats:
             ("z.bin", b"2"),
         ]
 
+    @pytest.mark.parametrize("size", [1000, 4096, 70_000])
+    def test_members_across_read_chunks(self, size: int) -> None:
+        """Members and headers that straddle the 1 MiB read boundary (the general path)."""
+        members = [(f"{i:05d}.bin", bytes([i % 251]) * (size + i % 7)) for i in range(40)]
+        members = members * (2 * CHUNK // (40 * size) + 1)
+        members = [(f"{i:06d}.{name}", data) for i, (name, data) in enumerate(members)]
+        data = build(members, tarfile.USTAR_FORMAT)
+        assert ours(data) == reference(data) == members
+
+    def test_old_signed_checksum(self) -> None:
+        """A header whose checksum was computed over signed bytes is accepted."""
+        data = bytearray(build([("\xe9t\xe9.txt", b"x")], tarfile.USTAR_FORMAT))
+        signed = 256 + sum(b - 256 if b > 127 else b for b in data[:148] + data[156:512])
+        data[148:156] = b"%06o\0 " % signed
+        assert ours(bytes(data)) == [("\xe9t\xe9.txt", b"x")]
+
     def test_keep_skips_data_and_reports_offsets(self) -> None:
         """Declined members come back with data None; offsets tile the archive."""
         data = build(

@@ -1,13 +1,17 @@
+import copy
+import pickle
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import PIL.Image
 import pytest
 import torch
+import torch.multiprocessing  # registers torch.Tensor with ForkingPickler
 from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from shardpipes.pipes.collate import collate_samples
+from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 
 
 def _image(
@@ -78,9 +82,9 @@ class TestCollateSamples:
         assert collate_samples([(array,), (array,)])[0].tolist() == [[0, 1, 2, 3]] * 2
 
     def test_tuple_batch(self) -> None:
-        """Tuple samples collate to a tuple of batched fields."""
+        """Tuple samples collate to a list of batched fields, as default_collate does."""
         batch = collate_samples([(_image(), 1, "a"), (_image(), 2, "b")])
-        assert isinstance(batch, tuple)
+        assert type(batch) is Batch
         assert tuple(batch[0].shape) == (2, 3, 2, 4)
         assert batch[1].tolist() == [1, 2]
         assert batch[2] == ["a", "b"]
@@ -149,3 +153,40 @@ class TestCollateSamples:
         """Works as a DataLoader's collate_fn."""
         loader = DataLoader(IterableWrapper(_samples(4)), batch_size=2, collate_fn=collate_samples)
         assert [b["__key__"] for b in loader] == [["k0", "k1"], ["k2", "k3"]]
+
+
+class TestBatchTransfer:
+    """Batches cross process boundaries with small tensors inline, large ones shared."""
+
+    @pytest.mark.parametrize("cls", [Batch, BatchDict])
+    def test_pickle_round_trip(self, cls: type[Any]) -> None:
+        small, large = torch.arange(8), torch.zeros(70_000, dtype=torch.uint8)
+        fields = [small, large, ["a", "b"], torch.ones(2, dtype=torch.bfloat16)]
+        batch = cls(enumerate(fields)) if cls is BatchDict else cls(fields)
+        data = ForkingPickler.dumps(batch)
+        back = pickle.loads(data)
+        assert type(back) is cls
+        values = list(back.values()) if cls is BatchDict else list(back)
+        assert values[0].tolist() == small.tolist() and values[0].dtype == small.dtype
+        assert values[1].shape == large.shape and values[2] == ["a", "b"]
+        assert values[3].dtype == torch.bfloat16
+
+    def test_small_tensors_travel_inline(self) -> None:
+        """The small tensor's bytes are in the pickle; the large one's are not (shared memory)."""
+        small = torch.full((1000,), 7, dtype=torch.int64)  # 8,000 bytes
+        large = torch.full((200_000,), 7, dtype=torch.uint8)
+        assert len(ForkingPickler.dumps(Batch([small]))) > small.nbytes
+        assert len(ForkingPickler.dumps(Batch([large]))) < 10_000
+        assert len(ForkingPickler.dumps([small])) < 10_000  # a plain list shares it
+
+    def test_copy_keeps_the_type(self) -> None:
+        batch = Batch([torch.arange(3)])
+        assert type(copy.copy(batch)) is Batch and copy.copy(batch)[0] is batch[0]
+
+    @pytest.mark.slow
+    def test_through_dataloader_workers(self) -> None:
+        pipe = IterableWrapper([(i, f"k{i}") for i in range(40)]).sharding_filter()
+        loader = DataLoader(pipe.batch(4).collate(collate_samples), batch_size=None, num_workers=2)
+        batches = list(loader)
+        assert all(type(b) is Batch for b in batches)
+        assert sorted(v for b in batches for v in b[0].tolist()) == list(range(40))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from shardpipes._core.decoders import decode_sample, default_decoders
+from shardpipes._core.decoders import decode_image, decode_sample, default_decoders
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes.errors import DecodeError, UnsafeDataError
 from shardpipes.pipes.decode import SampleDecoder
@@ -435,3 +435,71 @@ class TestSampleDecoder:
         """Building decoders leaves Pillow's decompression-bomb limit at its default."""
         default_decoders("pil", allow_pickle=True)
         assert PIL.Image.MAX_IMAGE_PIXELS == DEFAULT_MAX_PIXELS
+
+
+def _reference(image: PIL.Image.Image, resize: int, crop: int) -> np.ndarray:
+    """What torchvision's Resize(resize) + CenterCrop(crop) make of a PIL image."""
+    width, height = image.size
+    if width <= height:
+        size = (resize, int(resize * height / width))
+    else:
+        size = (int(resize * width / height), resize)
+    resized = image.convert("RGB").resize(size, PIL.Image.Resampling.BILINEAR)
+    left, top = round((size[0] - crop) / 2), round((size[1] - crop) / 2)
+    return np.asarray(resized.crop((left, top, left + crop, top + crop)))
+
+
+def _photo(size: tuple[int, int], fmt: str) -> bytes:
+    """A smooth gradient with some texture, like a photo to a resampler."""
+    x = np.linspace(0, 255, size[0])[None, :, None]
+    y = np.linspace(0, 255, size[1])[:, None, None]
+    pixels = (x * 0.6 + y * 0.4 + 20 * np.sin(x / 7) * np.cos(y / 5)) * np.ones(3)
+    out = io.BytesIO()
+    PIL.Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(out, format=fmt)
+    return out.getvalue()
+
+
+class TestResizeCrop:
+    """decode(resize=, crop=) matches torchvision's Resize + CenterCrop, cheaper."""
+
+    @pytest.mark.parametrize("size", [(470, 428), (300, 500), (256, 256), (333, 257)])
+    def test_matches_resize_then_crop(self, size: tuple[int, int]) -> None:
+        data = _photo(size, "PNG")
+        got = decode_image(data, "numpy", resize=256, crop=224)
+        want = _reference(PIL.Image.open(io.BytesIO(data)), 256, 224)
+        assert got.shape == want.shape == (224, 224, 3)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+
+    def test_jpeg_draft_scale(self) -> None:
+        """A JPEG 4x the target is decoded at a reduced scale, still close to the reference."""
+        data = _photo((1200, 1000), "JPEG")
+        got = decode_image(data, "numpy", resize=250, crop=224)
+        want = _reference(PIL.Image.open(io.BytesIO(data)), 250, 224)
+        assert got.shape == (224, 224, 3)
+        assert np.abs(got.astype(int) - want.astype(int)).mean() < 3
+
+    def test_only_resize_and_only_crop(self) -> None:
+        data = _photo((60, 40), "PNG")
+        assert decode_image(data, resize=20).size == (30, 20)
+        cropped = decode_image(data, "numpy", crop=30)
+        full = np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
+        assert (cropped == full[5:35, 15:45]).all()
+
+    def test_crop_larger_than_the_image_pads_black(self) -> None:
+        got = decode_image(_photo((20, 10), "PNG"), "numpy", crop=16)
+        assert got.shape == (16, 16, 3)
+        assert (got[0] == 0).all() and (got[-1] == 0).all() and got[8].any()
+
+    def test_torch_mode_is_chw_contiguous(self) -> None:
+        got = decode_image(_photo((50, 40), "PNG"), "torch", resize=32, crop=32)
+        assert got.shape == (3, 32, 32) and got.is_contiguous() and got.dtype == torch.uint8
+
+    def test_in_the_decode_pipe(self) -> None:
+        sample = {"__key__": "a", "__url__": "memory://s.tar", "jpg": _photo((90, 70), "JPEG")}
+        (out,) = IterableWrapper([sample]).decode("torch", resize=40, crop=36)
+        assert tuple(out["jpg"].shape) == (3, 36, 36)
+
+    @pytest.mark.parametrize("bad", [0, -3, 2.5, "256"])
+    def test_bad_sizes(self, bad: Any) -> None:
+        with pytest.raises(ValueError, match="must be a positive int"):
+            IterableWrapper([]).decode(resize=bad)

@@ -1,0 +1,170 @@
+"""The recipes' engine: shard parts in, finished samples or batches out, in one pipe stage.
+
+Every torch ``IterDataPipe`` stage pays its iterator hook (validity check, counter) on every
+item: about 1.3 µs per stage per sample with torch 2.13, more than our tar reader spends
+parsing a small member. :class:`ShardStream` does what the chain ``open_tar`` →
+``shuffle`` → ``decode`` → ``to_tuple`` → ``map`` → ``batch`` → ``collate`` does, with the
+same code for each step (:class:`~shardpipes.pipes.tar.ShardReader`,
+:func:`~shardpipes.pipes.decode.decoder_table`, :func:`~shardpipes.pipes.fields.pick`,
+:func:`~shardpipes.pipes.collate.collate_samples`), in one generator: one hook per batch.
+It also decodes only the fields it keeps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import IterDataPipe
+
+from shardpipes._core.decoders import Decoder, check_image_mode, decode_field
+from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.split import ShardPart
+from shardpipes.errors import DecodeError, MissingFieldError
+from shardpipes.pipes._length import no_length
+from shardpipes.pipes.collate import collate_samples
+from shardpipes.pipes.decode import decoder_table
+from shardpipes.pipes.fields import parse_fields, pick
+from shardpipes.pipes.tar import ShardReader
+
+__all__ = ["ShardStream"]
+
+
+class ShardStream(IterDataPipe[Any]):
+    """Read, shuffle, decode, pick fields, transform and batch, in one stage.
+
+    Equivalent to ``source.open_tar(...)``, then ``.shuffle(buffer_size=...)``,
+    ``.decode(image, resize=..., crop=...)``, ``.to_tuple(*fields)``, a ``map`` of
+    ``transform`` over the first field, and ``.batch(batch_size).collate(collate_samples)``,
+    with the handler of each stage. The recipes build on it; use it directly for a
+    pipeline that is all of those steps and needs to be fast on small samples.
+
+    Args:
+        source_datapipe: Shard URLs or :class:`~shardpipes._core.split.ShardPart` items
+            (from ``split_shards``).
+        fields: Fields to pick into a tuple, each maybe with ``;``-separated
+            alternatives; only these are decoded. Empty: yield the decoded sample dicts.
+        image: How to decode images (see ``decode``).
+        resize: Shorter image side after decoding (see ``decode``).
+        crop: Center-crop size after ``resize`` (see ``decode``).
+        transform: Applied to the first field of each tuple (or to each dict).
+        batch_size: Yield :func:`collate_samples` batches of this many samples (the last
+            one shorter unless ``drop_last``); ``None`` yields single samples.
+        drop_last: Drop a last batch shorter than ``batch_size``.
+        buffer_size: Shuffle samples through a buffer of this many (undecoded) samples,
+            as torch's ``shuffle`` does; below 2, no shuffling.
+        storage_options: Passed to the fsspec filesystem.
+        handler: Error policy of every step (see ``open_tar``).
+        index: As for ``open_tar``.
+        allow_pickle: As for ``decode``.
+        decoders: Extension to decoder (or ``None``), over the defaults.
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[str | ShardPart],
+        *,
+        fields: Sequence[str] = (),
+        image: str = "pil",
+        resize: int | None = None,
+        crop: int | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        buffer_size: int = 0,
+        storage_options: Mapping[str, Any] | None = None,
+        handler: Handler = "raise",
+        index: bool | Mapping[str, str] = False,
+        allow_pickle: bool | Iterable[str] = False,
+        decoders: Mapping[str, Decoder | None] | None = None,
+    ) -> None:
+        super().__init__()
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            msg = f"batch_size must be a positive int or None (got {batch_size!r})"
+            raise ValueError(msg)
+        self.source_datapipe = source_datapipe
+        self.fields = tuple(fields)
+        self.image = check_image_mode(image)
+        self.transform = transform
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.buffer_size = buffer_size
+        self.handler = check_handler(handler)
+        self.reader = ShardReader(storage_options=storage_options, handler=handler, index=index)
+        self._alternatives = parse_fields(self.fields) if self.fields else ()
+        self._table = decoder_table(
+            image, resize=resize, crop=crop, allow_pickle=allow_pickle, overrides=decoders
+        )
+        self._seed: int | None = None
+
+    def set_seed(self, seed: int) -> ShardStream:
+        """Seed the shuffle buffer for the next epoch (the DataLoader calls this)."""
+        self._seed = seed
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        finished = self._finished(self._shuffled(self._samples()))
+        if self.batch_size is None:
+            yield from finished
+            return
+        batch: list[Any] = []
+        for sample in finished:
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                yield collate_samples(batch)
+                batch = []
+        if batch and not self.drop_last:
+            yield collate_samples(batch)
+
+    def __len__(self) -> int:
+        no_length(self)
+
+    def _samples(self) -> Iterator[dict[str, Any]]:
+        for item in self.source_datapipe:
+            yield from self.reader.samples(item)
+
+    def _shuffled(self, samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Shuffle as torch's ``Shuffler`` does: swap each new sample with a random buffered one."""
+        size = self.buffer_size
+        if size < 2:
+            yield from samples
+            return
+        seed = self._seed
+        if seed is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self._seed = None  # a later epoch without set_seed draws a fresh seed
+        rng = random.Random(seed)
+        buffer: list[dict[str, Any]] = []
+        for sample in samples:
+            if len(buffer) < size:
+                buffer.append(sample)
+                continue
+            i = rng.randrange(size)
+            buffer[i], sample = sample, buffer[i]
+            yield sample
+        rng.shuffle(buffer)
+        yield from buffer
+
+    def _finished(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
+        table, alternatives, transform = self._table, self._alternatives, self.transform
+        for sample in samples:
+            try:
+                if alternatives:
+                    out: Any = tuple(
+                        decode_field(sample, pick(sample, names), table) for names in alternatives
+                    )
+                    if transform is not None:
+                        out = (transform(out[0]), *out[1:])
+                else:
+                    out = {field: decode_field(sample, field, table) for field in sample}
+                    if transform is not None:
+                        out = transform(out)
+            except MissingFieldError as exc:
+                handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
+                continue
+            except DecodeError as exc:
+                context = {"url": exc.url, "member": exc.member, "key": exc.key}
+                handle(self.handler, exc, stage="decode", **context)
+                continue
+            yield out
