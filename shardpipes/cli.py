@@ -1,4 +1,4 @@
-"""The ``shardpipes`` command: write, index and inspect shards; list recipes; run a demo.
+"""The ``shardpipes`` command: write, index, inspect and benchmark shards; recipes; a demo.
 
 Run ``shardpipes --help`` or ``shardpipes COMMAND --help``. Errors print one line,
 ``shardpipes: error: <message>``, and exit 2 (bad usage) or 1 (bad data); ``--debug``
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from shardpipes import fs
+from shardpipes._core.decoders import IMAGE_MODES
 from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size
 from shardpipes.errors import ShardpipesError
 
@@ -101,7 +102,22 @@ def _parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", parents=[so], help="count shards, samples, extensions")
     inspect.set_defaults(run=_inspect)
     inspect.add_argument("url", metavar="URL", help="shard URL, brace pattern or glob")
+    _add_bench(sub, so)
     return parser
+
+
+def _add_bench(sub: Any, so: argparse.ArgumentParser) -> None:
+    bench = sub.add_parser("bench", parents=[so], help="measure read, tar, decode, batch speed")
+    bench.set_defaults(run=_bench)
+    bench.add_argument("url", metavar="URL", help="shard URL, brace pattern or glob")
+    bench.add_argument("--workers", type=_natural, default=2, help="DataLoader workers (default 2)")
+    bench.add_argument("--batch-size", type=_positive, default=64, help="batch size (default 64)")
+    bench.add_argument("--max-samples", type=_positive, help="stop each stage after N samples")
+    bench.add_argument("--image", choices=IMAGE_MODES, default="torch",
+                       help="decode images as (default torch)")  # fmt: skip
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                       help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,3 +246,20 @@ def _demo(args: argparse.Namespace) -> int:
     once = demo.exactly_once(data, expected, seen, labels)
     print(f"exactly once: {'yes' if once else 'no'}")
     return 0 if once else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from shardpipes import _bench as bench
+
+    results = bench.run_bench(
+        args.url, workers=args.workers, batch_size=args.batch_size, image=args.image,
+        storage_options=dict(args.storage_options), max_samples=args.max_samples,
+        progress=args.progress,
+    )  # fmt: skip
+    print(
+        json.dumps(bench.to_json(results), indent=2) if args.json else bench.format_table(results)
+    )
+    failed = next((r for r in results if r.error is not None), None)
+    if failed is None:
+        return 0
+    return _fail(ValueError(f"{failed.stage} stage: {failed.error}"), 1, debug=False)

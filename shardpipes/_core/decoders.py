@@ -42,6 +42,7 @@ __all__ = [
     "decode_sample",
     "decoder_for",
     "default_decoders",
+    "located",
 ]
 
 Decoder = Callable[[bytes], Any]
@@ -327,10 +328,11 @@ def decode_field(sample: Mapping[str, Any], field: str, table: Mapping[str, Deco
     try:
         return decoder(value)
     except Exception as exc:
-        raise _located(exc, sample, field) from exc
+        raise located(exc, sample, field) from exc
 
 
-def _located(exc: Exception, sample: Mapping[str, Any], field: str) -> DecodeError:
+def located(exc: Exception, sample: Mapping[str, Any], field: str) -> DecodeError:
+    """The :class:`DecodeError` for ``exc``, raised decoding ``field`` of ``sample``."""
     key = sample.get("__key__")
     member = field if key is None else f"{key}.{field}"
     if isinstance(exc, DecodeError):

@@ -77,10 +77,11 @@ def group_samples(
     bad_key: str | None = None
     try:
         for member in members:
-            split = split_name(member.name)
-            if split is None:
+            name = member.name  # split_name(), inlined: this loop runs per member
+            dot = name.find(".", name.rfind("/") + 1)
+            if dot < 0:
                 continue
-            key, ext = split
+            key, ext = name[:dot], name[dot + 1 :].lower()
             if sample is not None and key != sample["__key__"]:
                 yield sample
                 sample = None

@@ -19,7 +19,13 @@ from typing import Any
 import torch
 from torch.utils.data import IterDataPipe
 
-from shardpipes._core.decoders import Decoder, check_image_mode, decode_field
+from shardpipes._core.decoders import (
+    Decoder,
+    check_image_mode,
+    decode_field,
+    decoder_for,
+    located,
+)
 from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes._core.split import ShardPart
 from shardpipes.errors import DecodeError, MissingFieldError
@@ -148,12 +154,24 @@ class ShardStream(IterDataPipe[Any]):
 
     def _finished(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
         table, alternatives, transform = self._table, self._alternatives, self.transform
+        decoders: dict[str, Decoder | None] = {}  # decoder_for() of each field seen, cached
         for sample in samples:
             try:
                 if alternatives:
-                    out: Any = tuple(
-                        decode_field(sample, pick(sample, names), table) for names in alternatives
-                    )
+                    values = []
+                    for names in alternatives:
+                        field = names[0] if names[0] in sample else pick(sample, names)
+                        value = sample[field]
+                        if field not in decoders:
+                            decoders[field] = decoder_for(table, field)
+                        decoder = decoders[field]
+                        if decoder is not None and isinstance(value, bytes):
+                            try:
+                                value = decoder(value)
+                            except Exception as exc:
+                                raise located(exc, sample, field) from exc
+                        values.append(value)
+                    out: Any = tuple(values)
                     if transform is not None:
                         out = (transform(out[0]), *out[1:])
                 else:
