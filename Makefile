@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # the stamp is keyed on the dependency files: editing either re-installs
 STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)
 
-.PHONY: venv demo test test-fast lint check clean
+.PHONY: venv demo test test-fast lint check bench bench-quick clean
 
 venv: $(STAMP)
 
@@ -25,12 +25,18 @@ test: venv
 test-fast: venv  ## skips the slow multi-process tests
 	$(BIN)/python -m pytest -m "not slow"
 
+bench: venv  ## shardpipes against its peers: benchmarks/results/latest.{md,json,png}
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+bench-quick: venv  ## the same on tiny data, one repeat (what the smoke test runs)
+	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
+
 lint: venv
-	$(BIN)/ruff format --check shardpipes tests
-	$(BIN)/ruff check shardpipes tests
+	$(BIN)/ruff format --check shardpipes tests benchmarks
+	$(BIN)/ruff check shardpipes tests benchmarks
 	$(BIN)/mypy
 
 check: lint test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache benchmarks/.venv-td09

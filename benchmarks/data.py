@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,14 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def _open(path: Path) -> tarfile.TarFile:
+    return tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+
+
+def _open_shards(stack: ExitStack, folder: Path, name: str) -> list[tarfile.TarFile]:
+    return [stack.enter_context(_open(folder / f"{name}-{s}.tar")) for s in range(SHARDS)]
+
+
 def _shard_of(index: int, count: int) -> int:
     return index * SHARDS // count
 
@@ -60,34 +69,26 @@ def _write_images(root: Path, count: int) -> None:
     folder = root / "folder"
     folder.mkdir(parents=True)
     (root / "shards").mkdir()
-    shards = [
-        tarfile.open(root / "shards" / f"images-{s}.tar", "w", format=tarfile.USTAR_FORMAT)
-        for s in range(SHARDS)
-    ]
-    with tarfile.open(root / "one.tar", "w", format=tarfile.USTAR_FORMAT) as one:
+    with ExitStack() as stack:
+        shards = _open_shards(stack, root / "shards", "images")
+        one = stack.enter_context(_open(root / "one.tar"))
         for i in range(count):
             data = jpeg(i)
             (folder / f"{i:06d}.jpg").write_bytes(data)
             for tar in (one, shards[_shard_of(i, count)]):
                 _add(tar, f"{i:06d}.jpg", data)
                 _add(tar, f"{i:06d}.cls", str(i).encode())
-    for tar in shards:
-        tar.close()
 
 
 def _write_small(root: Path, count: int) -> None:
     (root / "shards").mkdir(parents=True)
     rng = np.random.default_rng(12345)
-    shards = [
-        tarfile.open(root / "shards" / f"small-{s}.tar", "w", format=tarfile.USTAR_FORMAT)
-        for s in range(SHARDS)
-    ]
-    for i in range(count):
-        tar = shards[_shard_of(i, count)]
-        _add(tar, f"{i:06d}.bin", rng.bytes(1024))
-        _add(tar, f"{i:06d}.cls", str(i).encode())
-    for tar in shards:
-        tar.close()
+    with ExitStack() as stack:
+        shards = _open_shards(stack, root / "shards", "small")
+        for i in range(count):
+            tar = shards[_shard_of(i, count)]
+            _add(tar, f"{i:06d}.bin", rng.bytes(1024))
+            _add(tar, f"{i:06d}.cls", str(i).encode())
 
 
 def layout(root: Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rows import BATCH, CROP, RESIZE, loader
+from rows import BATCH, COPIES, CROP, RESIZE, loader
 from torch.utils.data import DataLoader
 
 import shardpipes as sp
@@ -41,10 +41,20 @@ def recipe(layout: dict[str, Any], kind: str, workers: int) -> Any:
     return _recipe(layout, kind, workers, buffer=0)
 
 
+SHUFFLE_COPIES = COPIES["shardpipes_shuffle5000"] = 6
+
+
 @loader("shardpipes_shuffle5000")
 def recipe_shuffled(layout: dict[str, Any], kind: str, workers: int) -> Any:
-    """``tar_shards`` with shard shuffling and a 5,000-sample buffer: the RSS row."""
-    return _recipe(layout, kind, workers, buffer=5000)
+    """``tar_shards`` with shard shuffling and a 5,000-sample buffer: the RSS row.
+
+    Reads the shard list 6 times over (12,000 images, 6,000 per worker with 2 workers;
+    all 12,000 in one process with 0), so that the buffer fills and stays full: its peak
+    RSS is what a worker holding 5,000 undecoded images costs.
+    """
+    repeated = {**layout, "paths": {k: v * SHUFFLE_COPIES for k, v in layout["paths"].items()
+                                    if isinstance(v, list)}}  # fmt: skip
+    return _recipe(repeated, kind, workers, buffer=5000)
 
 
 @loader("shardpipes_chain")
