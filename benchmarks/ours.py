@@ -19,13 +19,13 @@ def _loader(pipe: Any, workers: int) -> DataLoader[Any]:
     return DataLoader(pipe, batch_size=None, num_workers=workers)
 
 
-def _recipe(layout: dict[str, Any], kind: str, workers: int, buffer: int) -> Any:
+def _recipe(layout: dict[str, Any], kind: str, workers: int, buffer: int, threads: int = 0) -> Any:
     paths = layout["paths"]
     shuffle = buffer > 1
     if kind == "images":
         pipe = tar_shards(
             paths["image_shards"], shuffle=shuffle, buffer_size=buffer, seed=0,
-            image="torch", resize=RESIZE, crop=CROP, batch_size=BATCH,
+            image="torch", resize=RESIZE, crop=CROP, batch_size=BATCH, threads=threads,
         )  # fmt: skip
     else:
         pipe = tar_shards(
@@ -39,6 +39,12 @@ def _recipe(layout: dict[str, Any], kind: str, workers: int, buffer: int) -> Any
 def recipe(layout: dict[str, Any], kind: str, workers: int) -> Any:
     """``tar_shards`` in shard order, no shuffle buffer (as the peer rows)."""
     return _recipe(layout, kind, workers, buffer=0)
+
+
+@loader("shardpipes_threads2", ("images",))
+def recipe_threads(layout: dict[str, Any], kind: str, workers: int) -> Any:
+    """``tar_shards`` decoding on 2 threads per worker (``threads=2``)."""
+    return _recipe(layout, kind, workers, buffer=0, threads=2)
 
 
 SHUFFLE_COPIES = COPIES["shardpipes_shuffle5000"] = 6

@@ -22,7 +22,6 @@ import io
 import mmap
 import multiprocessing
 import os
-import sys
 import tarfile
 import time
 import warnings
@@ -30,11 +29,6 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
-
-# rows.py runs as __main__ and imports this module: register into that module, not into
-# a second copy of rows.py that ``import rows`` would otherwise load
-if Path(getattr(sys.modules["__main__"], "__file__", None) or "").name == "rows.py":
-    sys.modules.setdefault("rows", sys.modules["__main__"])
 
 from rows import BATCH, CROP, RESIZE, limit, loader, peer_transform
 

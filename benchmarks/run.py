@@ -31,6 +31,7 @@ import data as bench_data  # noqa: E402
 ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("shardpipes", ("images", "small"), "`tar_shards` recipe, batched in the worker"),
     ("shardpipes_chain", ("images", "small"), "the same as chained pipes"),
+    ("shardpipes_threads2", ("images",), "`tar_shards` decoding on 2 threads per worker"),
     ("shardpipes_shuffle5000", ("images",), "`tar_shards`, 5,000-sample buffer, data read 6x"),
     ("webdataset", ("images", "small"), "webdataset 1.0.2, idiomatic"),
     ("torchdata09", ("images", "small"), "torchdata 0.9 DataPipes (own venv)"),

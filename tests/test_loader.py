@@ -176,3 +176,12 @@ def test_recipe_resize_and_crop(make_shards: Callable[..., Dataset], workers: in
     batches = load(pipe, workers)
     assert sum(len(b[1]) for b in batches) == 6
     assert all(tuple(b[0].shape[1:]) == (3, 6, 6) for b in batches)
+
+
+def test_tar_shards_decode_threads_with_workers(make_shards: Callable[..., Dataset]) -> None:
+    """Decode threads inside DataLoader workers: still each image exactly once."""
+    data = make_shards(4, 6, images=True)
+    pipe = sp.recipes.tar_shards(data.urls, image="torch", batch_size=5, threads=2)
+    batches = load(pipe, 2)
+    ids = [pixel_id(img) for images, _ in batches for img in images]
+    assert Counter(ids) == Counter(range(len(data.keys)))

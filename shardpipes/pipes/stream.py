@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -37,6 +38,8 @@ from shardpipes.pipes.fields import parse_fields, pick
 from shardpipes.pipes.tar import ShardReader
 
 __all__ = ["ShardStream"]
+
+_SKIPPED = object()  # what _finish returns for a sample the handler skipped
 
 
 class ShardStream(IterDataPipe[Any]):
@@ -67,6 +70,10 @@ class ShardStream(IterDataPipe[Any]):
         index: As for ``open_tar``.
         allow_pickle: As for ``decode``.
         decoders: Extension to decoder (or ``None``), over the defaults.
+        threads: Decode (and transform) on a pool of this many threads, in order; Pillow
+            releases the GIL while it decodes and resizes, so this uses idle cores when
+            there are fewer DataLoader workers than cores (``num_workers=0`` above all).
+            Below 2: no pool.
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class ShardStream(IterDataPipe[Any]):
         index: bool | Mapping[str, str] = False,
         allow_pickle: bool | Iterable[str] = False,
         decoders: Mapping[str, Decoder | None] | None = None,
+        threads: int = 0,
     ) -> None:
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -96,6 +104,10 @@ class ShardStream(IterDataPipe[Any]):
         self.image = check_image_mode(image)
         self.transform = transform
         self.batch_size, self.drop_last = batch_size, drop_last
+        if not isinstance(threads, int) or threads < 0:
+            msg = f"threads must be a non-negative int (got {threads!r})"
+            raise ValueError(msg)
+        self.threads = threads
         self.buffer_size = buffer_size
         self.handler = check_handler(handler)
         self.reader = ShardReader(storage_options=storage_options, handler=handler, index=index)
@@ -104,6 +116,7 @@ class ShardStream(IterDataPipe[Any]):
             image, resize=resize, crop=crop, allow_pickle=allow_pickle, overrides=decoders
         )
         self._seed: int | None = None
+        self._decoders: dict[str, Decoder | None] = {}
 
     def set_seed(self, seed: int) -> ShardStream:
         """Seed the shuffle buffer for the next epoch (the DataLoader calls this)."""
@@ -154,37 +167,46 @@ class ShardStream(IterDataPipe[Any]):
         rng.shuffle(buffer)
         yield from buffer
 
-    def _finished(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
-        table, alternatives, transform = self._table, self._alternatives, self.transform
-        decoders: dict[str, Decoder | None] = {}  # decoder_for() of each field seen, cached
-        for sample in samples:
-            try:
-                if alternatives:
-                    values = []
-                    for names in alternatives:
-                        field = names[0] if names[0] in sample else pick(sample, names)
-                        value = sample[field]
-                        if field not in decoders:
-                            decoders[field] = decoder_for(table, field)
-                        decoder = decoders[field]
-                        if decoder is not None and isinstance(value, bytes):
-                            try:
-                                value = decoder(value)
-                            except Exception as exc:
-                                raise located(exc, sample, field) from exc
-                        values.append(value)
-                    out: Any = tuple(values)
-                    if transform is not None:
-                        out = (transform(out[0]), *out[1:])
+    def _finish(self, sample: dict[str, Any]) -> Any:
+        """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
+        try:
+            if not self._alternatives:
+                out: Any = {field: decode_field(sample, field, self._table) for field in sample}
+                return out if self.transform is None else self.transform(out)
+            values = []
+            for names in self._alternatives:
+                field = names[0] if names[0] in sample else pick(sample, names)
+                value = sample[field]
+                if field in self._decoders:  # decoder_for() of each field seen, cached
+                    decoder = self._decoders[field]
                 else:
-                    out = {field: decode_field(sample, field, table) for field in sample}
-                    if transform is not None:
-                        out = transform(out)
-            except MissingFieldError as exc:
-                handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
-                continue
-            except DecodeError as exc:
-                context = {"url": exc.url, "member": exc.member, "key": exc.key}
-                handle(self.handler, exc, stage="decode", **context)
-                continue
-            yield out
+                    decoder = self._decoders[field] = decoder_for(self._table, field)
+                if decoder is not None and isinstance(value, bytes):
+                    try:
+                        value = decoder(value)
+                    except Exception as exc:
+                        raise located(exc, sample, field) from exc
+                values.append(value)
+            if self.transform is not None:
+                values[0] = self.transform(values[0])
+            return tuple(values)
+        except MissingFieldError as exc:
+            handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
+        except DecodeError as exc:
+            context = {"url": exc.url, "member": exc.member, "key": exc.key}
+            handle(self.handler, exc, stage="decode", **context)
+        return _SKIPPED
+
+    def _finished(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
+        if self.threads < 2:
+            finished: Iterator[Any] = map(self._finish, samples)
+        else:
+            finished = self._threaded(samples)
+        return (out for out in finished if out is not _SKIPPED)
+
+    def _threaded(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
+        """``_finish`` on a thread pool, in order, a few batches' worth at a time."""
+        chunk = max(self.threads, self.batch_size or 1) * 2
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="shardpipes-decode") as pool:
+            while items := list(itertools.islice(samples, chunk)):
+                yield from pool.map(self._finish, items)

@@ -22,6 +22,7 @@ def tar_images(
     crop: int | None = None,
     batch_size: int | None = None,
     drop_last: bool = False,
+    threads: int = 0,
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
 ) -> IterDataPipe[Any]:
@@ -40,6 +41,7 @@ def tar_images(
         crop: Center-crop size after ``resize``.
         batch_size: Collate batches of this many pairs in the worker (default: pairs).
         drop_last: Drop each worker's last, shorter batch.
+        threads: Decode threads per worker, as for :func:`~shardpipes.recipes.tar_shards`.
         storage_options: Passed to the fsspec filesystem.
         handler: Error policy for every stage.
 
@@ -55,6 +57,7 @@ def tar_images(
         transform=transform,
         batch_size=batch_size,
         drop_last=drop_last,
+        threads=threads,
         storage_options=storage_options,
         handler=handler,
     )

@@ -27,6 +27,7 @@ def tar_shards(
     crop: int | None = None,
     batch_size: int | None = None,
     drop_last: bool = False,
+    threads: int = 0,
     fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
@@ -59,6 +60,9 @@ def tar_shards(
             int64 label tensor); hand the pipe to ``DataLoader(pipe, batch_size=None)``.
             Default: single samples.
         drop_last: Drop each worker's last, shorter batch.
+        threads: Decode on this many threads per worker (Pillow releases the GIL while
+            decoding): for cores that DataLoader workers leave idle, e.g. with
+            ``num_workers=0``. Default: no threads.
         fields: The fields of each sample, in order, each maybe with ``;``-separated
             alternatives; the default is (image, label). ``("bin", "cls")`` reads other
             data; only the named fields are decoded.
@@ -85,6 +89,7 @@ def tar_shards(
         transform=transform,
         batch_size=batch_size,
         drop_last=drop_last,
+        threads=threads,
         buffer_size=buffer_size if shuffle else 0,
         storage_options=storage_options,
         handler=handler,

@@ -120,8 +120,33 @@ def test_resize_and_crop(tmp_path: Any) -> None:
         ({"resize": -1}, ValueError),
         ({"fields": (3,)}, TypeError),
         ({"handler": "skip"}, ValueError),
+        ({"threads": -1}, ValueError),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
         ShardStream(IterableWrapper(["x.tar"]), **kwargs)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_threads_give_the_same_output_in_order(
+    make_shards: Callable[..., Dataset], batch_size: int | None
+) -> None:
+    data = make_shards(3, 7, images=True)
+    kwargs: dict[str, Any] = {"fields": ("png", "__key__"), "image": "torch"}
+    plain = list(_stream(data, batch_size=batch_size, **kwargs))
+    threaded = list(_stream(data, batch_size=batch_size, threads=3, **kwargs))
+    assert len(plain) == len(threaded) > 0
+    for a, b in zip(plain, threaded, strict=True):
+        assert torch.equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_threads_keep_the_handler(tmp_path: Any) -> None:
+    url = str(tmp_path / "s.tar")
+    write_tar(url, [(f"{i}.cls", b"x" if i % 3 == 0 else str(i).encode()) for i in range(10)])
+    pipe = _stream(Dataset([url]), fields=("cls",), handler="ignore", threads=2, batch_size=4)
+    batches = list(pipe)
+    assert [len(b[0]) for b in batches] == [4, 2]
+    assert [v for b in batches for v in b[0].tolist()] == [1, 2, 4, 5, 7, 8]
+    with pytest.raises(sp.DecodeError, match=r"0\.cls"):
+        list(_stream(Dataset([url]), fields=("cls",), threads=2))
