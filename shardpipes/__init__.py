@@ -15,7 +15,7 @@ and ``collate``::
 
 from shardpipes import recipes
 from shardpipes._core.handlers import ShardpipesWarning
-from shardpipes._core.split import ShardPart
+from shardpipes._core.split import ShardPart, shard_order, split_plan
 from shardpipes.errors import (
     DecodeError,
     MissingFieldError,
@@ -30,7 +30,8 @@ from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.index import build_index, read_index, write_index
-from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from shardpipes.pipes.resumable import Resumable
+from shardpipes.pipes.shards import ShardLister, ShardSplitter, set_epoch
 from shardpipes.pipes.stream import ShardStream
 from shardpipes.pipes.tar import TarOpener
 
@@ -44,6 +45,7 @@ __all__ = [
     "DecodeError",
     "MissingFieldError",
     "NoShardsError",
+    "Resumable",
     "SampleDecoder",
     "ShardIndexError",
     "ShardLister",
@@ -63,5 +65,8 @@ __all__ = [
     "list_shards",
     "read_index",
     "recipes",
+    "set_epoch",
+    "shard_order",
+    "split_plan",
     "write_index",
 ]

@@ -113,7 +113,7 @@ class _ShardByteCounter(IterDataPipe[tuple[int, int, int]]):
         self._options = dict(storage_options)  # not `storage_options`: torch prints those
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
-        for url, part, parts in self.source_datapipe:
+        for url, part, parts, *_ in self.source_datapipe:
             start, stop = 0, None
             if parts > 1:
                 size = fs.size(url, self._options)

@@ -20,6 +20,8 @@ from fsspec.core import url_to_fs as _fsspec_url_to_fs
 from shardpipes.errors import ShardNotFoundError
 
 __all__ = [
+    "READ_STATS",
+    "ReadStats",
     "exists",
     "glob",
     "has_magic",
@@ -226,15 +228,63 @@ def _not_found(url: str) -> Iterator[None]:
         raise ShardNotFoundError(msg, url=url) from exc
 
 
+class ReadStats:
+    """Bytes read and files opened through :func:`open_input` in this process.
+
+    ``shardpipes.fs.READ_STATS`` counts what the pipes consume (what a resumed epoch
+    reads again, what each worker reads of an indexed shard); a backend's read-ahead may
+    transfer more.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.opens = 0
+
+    def reset(self) -> None:
+        """Start counting from zero."""
+        self.bytes = self.opens = 0
+
+
+READ_STATS = ReadStats()
+
+
+class _Counted:
+    """A read stream that adds the bytes it returns to :data:`READ_STATS`."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        READ_STATS.bytes += len(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __enter__(self) -> _Counted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._stream)
+
+
 def open_input(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:
     """Open ``url`` for binary reading, streaming (seekable where the backend allows).
+
+    Reads are counted in :data:`READ_STATS`.
 
     Raises:
         ShardNotFoundError: If it does not exist.
     """
     fs, path = url_to_fs(url, storage_options)
     with _not_found(url):
-        return fs.open(path, "rb")  # type: ignore[no-any-return]
+        stream = fs.open(path, "rb")
+    READ_STATS.opens += 1
+    return _Counted(stream)  # type: ignore[return-value]
 
 
 def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:

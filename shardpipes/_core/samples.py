@@ -10,15 +10,24 @@ WebDataset.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.tar import Member
 from shardpipes.errors import TarFormatError
 
-__all__ = ["PartFilter", "group_samples", "split_name"]
+__all__ = ["Located", "PartFilter", "group_samples", "split_name"]
 
 Sample = dict[str, Any]
+
+
+class Located(NamedTuple):
+    """A sample and where it lies: its byte range in the uncompressed shard, its index there."""
+
+    sample: Sample
+    start: int
+    end: int
+    nth: int
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -40,12 +49,14 @@ class PartFilter:
     """A ``keep`` function for :func:`~shardpipes._core.tar.iter_members`: part k of m.
 
     Counts samples by the same key-change rule as :func:`group_samples` and keeps the
-    members of sample ``i`` when ``i % parts == part``, so that ``parts`` readers of one
-    shard, each with its own ``part``, yield every sample exactly once between them.
+    members of sample ``i`` when ``start <= i < stop`` and ``(i - start) % parts == part``,
+    so that ``parts`` readers of one shard, each with its own ``part``, yield every sample
+    of the range exactly once between them.
     """
 
-    def __init__(self, part: int, parts: int) -> None:
+    def __init__(self, part: int, parts: int, *, start: int = 0, stop: int | None = None) -> None:
         self.part, self.parts = part, parts
+        self.start, self.stop = start, stop
         self.index = -1
         self.key: str | None = None
         self.kept = False
@@ -57,24 +68,45 @@ class PartFilter:
         if split[0] != self.key:
             self.key = split[0]
             self.index += 1
-            self.kept = self.index % self.parts == self.part
+            i = self.index - self.start
+            inside = i >= 0 and (self.stop is None or self.index < self.stop)
+            self.kept = inside and i % self.parts == self.part
         return self.kept
 
 
 def group_samples(
-    members: Iterable[Member], *, url: str, handler: Handler = "raise"
-) -> Iterator[Sample]:
+    members: Iterable[Member],
+    *,
+    url: str,
+    handler: Handler = "raise",
+    spans: bool = False,
+    first_index: int = 0,
+) -> Iterator[Any]:
     """Group consecutive members with the same key into sample dicts.
 
     Members with ``data=None`` (declined by a ``keep`` function) are passed over. A
     sample holding one extension twice is an error, given to ``handler``; when the
     handler skips, the whole sample is dropped.
 
+    Args:
+        members: The members, in stream order.
+        url: The shard's URL, put in each sample.
+        handler: What to do with a sample holding one extension twice.
+        spans: Yield :class:`Located` tuples instead of bare samples.
+        first_index: The index in the shard of the first sample of ``members`` (when
+            resuming a shard mid-way).
+
     Yields:
-        Dicts with ``__key__``, ``__url__`` and one ``bytes`` entry per extension.
+        Dicts with ``__key__``, ``__url__`` and one ``bytes`` entry per extension; with
+        ``spans``, ``Located(sample, start, end, nth)``: the sample's byte range in the
+        (uncompressed) shard and its index there, counting declined samples too.
     """
     sample: Sample | None = None
     bad_key: str | None = None
+    last_key: str | None = None
+    index = first_index - 1
+    start = end = mine = 0
+    new = tuple.__new__  # Located(...) goes through a Python-level __new__
     try:
         for member in members:
             name = member.name  # split_name(), inlined: this loop runs per member
@@ -82,26 +114,31 @@ def group_samples(
             if dot < 0:
                 continue
             key, ext = name[:dot], name[dot + 1 :].lower()
-            if sample is not None and key != sample["__key__"]:
-                yield sample
-                sample = None
+            if key != last_key:
+                if sample is not None:
+                    yield new(Located, (sample, start, end, mine)) if spans else sample
+                    sample = None
+                last_key = key
+                index += 1
             if member.data is None or key == bad_key:
                 continue
             if sample is None:
                 sample, bad_key = {"__key__": key, "__url__": url}, None
+                start, mine = member.offset, index
             if ext in sample:
                 _duplicate(handler, url, member, key, ext)
                 sample, bad_key = None, key
                 continue
             sample[ext] = member.data
+            end = member.end
     except TarFormatError as exc:
         # the shard broke after a sample was complete (the next key had begun): keep it
         split = split_name(exc.member) if exc.member else None
         if sample is not None and split is not None and split[0] != sample["__key__"]:
-            yield sample
+            yield new(Located, (sample, start, end, mine)) if spans else sample
         raise
     if sample is not None:
-        yield sample
+        yield new(Located, (sample, start, end, mine)) if spans else sample
 
 
 def _duplicate(handler: Handler, url: str, member: Member, key: str, ext: str) -> None:

@@ -99,8 +99,12 @@ class _Reader:
             self.pos = len(tail)
         return head + tail if head else tail
 
-    def skip(self, n: int) -> bool:
-        """Skip ``n`` bytes; return ``False`` if the stream ended first (when it can tell)."""
+    def skip(self, n: int, *, seek: bool = False) -> bool:
+        """Skip ``n`` bytes; return ``False`` if the stream ended first (when it can tell).
+
+        A seekable stream is seeked over when that saves reading more than a chunk, or
+        always with ``seek``.
+        """
         end = self.pos + n
         if end <= len(self.buf):
             self.pos = end
@@ -108,7 +112,7 @@ class _Reader:
         rest = end - len(self.buf)
         self.base += len(self.buf)
         self.buf, self.pos = b"", 0
-        if self.seekable and rest > CHUNK and (self.left is None or rest <= self.left):
+        if self.seekable and (seek or rest > CHUNK) and (self.left is None or rest <= self.left):
             self.stream.seek(rest, 1)  # a seek past the end shows as EOF at the next header
             self.base += rest
             if self.left is not None:
@@ -204,6 +208,7 @@ def iter_members(
     keep: Callable[[str], bool] | None = None,
     base: int = 0,
     limit: int | None = None,
+    skip: int = 0,
 ) -> Iterator[Member]:
     """Yield the regular files of a tar (or gzip-compressed tar) stream, in order.
 
@@ -215,6 +220,9 @@ def iter_members(
             is yielded with ``data=None``.
         base: The absolute offset of the stream's position (for reading a byte range).
         limit: Read at most this many bytes from ``stream``.
+        skip: Start at this header boundary, counted in uncompressed bytes from the
+            stream's position: seeked over in a plain tar, decompressed and dropped in a
+            gzip one (resuming a shard mid-way). A pax global header before it is not seen.
 
     Yields:
         :class:`Member` tuples.
@@ -224,6 +232,9 @@ def iter_members(
     """
     reader = _open(stream, base, limit)
     try:
+        if skip and not reader.skip(skip, seek=True):
+            msg = f"the stream ends before offset {skip}"
+            raise TarFormatError(msg, url=url, offset=reader.tell())
         yield from _members(reader, url, keep)
     except (OSError, EOFError, zlib.error) as exc:  # gzip errors surface from reads
         if isinstance(exc, FileNotFoundError | PermissionError):

@@ -10,7 +10,7 @@ from shardpipes._core.index import dump_index, load_index, sample_ranges
 from shardpipes._core.tar import iter_members
 from shardpipes.errors import ShardIndexError
 
-__all__ = ["build_index", "index_url", "read_index", "write_index"]
+__all__ = ["build_index", "index_url", "read_index", "sample_count", "write_index"]
 
 Ranges = list[tuple[int, int]]
 
@@ -64,3 +64,17 @@ def read_index(
     with fs.open_input(target, storage_options) as f:
         data = f.read()
     return load_index(data, url=target, shard_size=fs.size(url, storage_options))
+
+
+def sample_count(
+    url: str, storage_options: Mapping[str, Any], index: str | None = None
+) -> Ranges | int:
+    """A shard's sample ranges (from its index, or a header scan), or a gzip shard's count."""
+    ranges = read_index(url, storage_options=storage_options, index=index)
+    if ranges is not None:
+        return ranges
+    try:
+        return build_index(url, storage_options=storage_options)
+    except ShardIndexError:  # compressed: count the samples of the decompressed stream
+        with fs.open_input(url, storage_options) as stream:
+            return len(sample_ranges(iter_members(stream, url=url, keep=lambda name: False)))

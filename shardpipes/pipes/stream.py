@@ -13,12 +13,11 @@ It also decodes only the fields it keeps.
 from __future__ import annotations
 
 import itertools
-import random
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.decoders import (
@@ -31,10 +30,12 @@ from shardpipes._core.decoders import (
 from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes._core.split import ShardPart
 from shardpipes.errors import DecodeError, MissingFieldError
+from shardpipes.pipes._epoch import VERSION, EpochRun, Run, fresh_state, splitters
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import decoder_table
 from shardpipes.pipes.fields import parse_fields, pick
+from shardpipes.pipes.shards import set_epoch
 from shardpipes.pipes.tar import ShardReader
 
 __all__ = ["ShardStream"]
@@ -117,55 +118,81 @@ class ShardStream(IterDataPipe[Any]):
         )
         self._seed: int | None = None
         self._decoders: dict[str, Decoder | None] = {}
+        self._run: Run | None = None
+        self._loaded: dict[str, Any] | None = None
 
     def set_seed(self, seed: int) -> ShardStream:
         """Seed the shuffle buffer for the next epoch (the DataLoader calls this)."""
         self._seed = seed
         return self
 
+    def set_epoch(self, epoch: int) -> ShardStream:
+        """Set the epoch of the ``split_shards`` stages upstream (the seeded shard order)."""
+        set_epoch(self.source_datapipe, epoch)
+        return self
+
     def __iter__(self) -> Iterator[Any]:
-        finished = self._finished(self._shuffled(self._samples()))
-        if self.batch_size is None:
-            yield from finished
-            return
-        batch: list[Any] = []
-        for sample in finished:
-            batch.append(sample)
-            if len(batch) == self.batch_size:
-                yield collate_samples(batch)
-                batch = []
-        if batch and not self.drop_last:
-            yield collate_samples(batch)
+        # not a generator function: the run exists (and state_dict sees it) from iter() on
+        run = self._run = Run(self, self._loaded)
+        self._loaded = None
+        return self._batches(run)
 
     def __len__(self) -> int:
         no_length(self)
 
-    def _samples(self) -> Iterator[dict[str, Any]]:
-        # chained in C: one generator frame fewer per sample than a loop with yield from
-        return itertools.chain.from_iterable(map(self.reader.samples, self.source_datapipe))
+    def _batches(self, run: Run) -> Iterator[Any]:
+        finished = self._finished(run.start())
+        if self.batch_size is None:
+            yield from finished
+        else:
+            batch: list[Any] = []
+            for sample in finished:
+                batch.append(sample)
+                if len(batch) == self.batch_size:
+                    yield collate_samples(batch)
+                    batch = []
+            if batch and not self.drop_last:
+                yield collate_samples(batch)
+        run.finish()
 
-    def _shuffled(self, samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        if self.buffer_size < 2:
-            return samples
-        return self._buffered(samples, self.buffer_size)
+    # -- state: torchdata's Stateful protocol -------------------------------------------------
 
-    def _buffered(self, samples: Iterator[dict[str, Any]], size: int) -> Iterator[dict[str, Any]]:
-        """Shuffle as torch's ``Shuffler`` does: swap each new sample with a random buffered one."""
-        seed = self._seed
-        if seed is None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        self._seed = None  # a later epoch without set_seed draws a fresh seed
-        rng = random.Random(seed)
-        buffer: list[dict[str, Any]] = []
-        for sample in samples:
-            if len(buffer) < size:
-                buffer.append(sample)
-                continue
-            i = rng.randrange(size)
-            buffer[i], sample = sample, buffer[i]
-            yield sample
-        rng.shuffle(buffer)
-        yield from buffer
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pipe is in its epoch, for ``StatefulDataLoader`` (or a checkpoint).
+
+        Taken between two items it yields, it holds: the epoch's shard order (seed,
+        epoch) and the split, checked on restore; the part being read with the byte offset
+        and index of its next sample; the shuffle buffer as references ``(shard, start,
+        end)`` and its random generator's state; samples read ahead by decode threads.
+        Only ints, strings and lists: about 24 bytes of JSON per buffered sample plus
+        7 KB (a full 5,000-sample buffer: 120 KB). To hand the pipe to
+        ``StatefulDataLoader``, wrap it in :class:`~shardpipes.Resumable`.
+        """
+        if self._run is not None:
+            return self._run.state()
+        return dict(self._loaded) if self._loaded is not None else fresh_state(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume, at the next iteration, from a :meth:`state_dict` of this pipeline.
+
+        Raises:
+            ValueError: If the state is not one of a ``ShardStream`` of this version, or
+                its ``split_shards`` stages differ (another shard list, seed, number of
+                workers); a state of another split raises when iteration starts.
+        """
+        if not isinstance(state, Mapping) or state.get("version") != VERSION:
+            found = state.get("version") if isinstance(state, Mapping) else type(state).__name__
+            msg = f"not a ShardStream state of version {VERSION} (got version {found!r})"
+            raise ValueError(msg)
+        stages = splitters(self)
+        saved = state.get("splitters", [])
+        if len(saved) != len(stages):
+            msg = f"the state has {len(saved)} split_shards stages, this pipe {len(stages)}"
+            raise ValueError(msg)
+        for splitter, sub in zip(stages, saved, strict=True):
+            splitter.load_state_dict(sub)
+        self._loaded = dict(state)
+        self._run = None
 
     def _finish(self, sample: dict[str, Any]) -> Any:
         """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
@@ -197,16 +224,24 @@ class ShardStream(IterDataPipe[Any]):
             handle(self.handler, exc, stage="decode", **context)
         return _SKIPPED
 
-    def _finished(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
+    def _finished(self, run: EpochRun) -> Iterator[Any]:
         if self.threads < 2:
-            finished: Iterator[Any] = map(self._finish, samples)
+            finished: Iterator[Any] = map(self._finish, map(_sample, run.located()))
         else:
-            finished = self._threaded(samples)
+            finished = self._threaded(run)
         return (out for out in finished if out is not _SKIPPED)
 
-    def _threaded(self, samples: Iterator[dict[str, Any]]) -> Iterator[Any]:
+    def _threaded(self, run: EpochRun) -> Iterator[Any]:
         """``_finish`` on a thread pool, in order, a few batches' worth at a time."""
-        chunk = max(self.threads, self.batch_size or 1) * 2
+        size = max(self.threads, self.batch_size or 1) * 2
+        located = run.located()
         with ThreadPoolExecutor(self.threads, thread_name_prefix="shardpipes-decode") as pool:
-            while items := list(itertools.islice(samples, chunk)):
-                yield from pool.map(self._finish, items)
+            while chunk := list(itertools.islice(located, size)):
+                run.chunk, run.chunk_done = chunk, 0
+                for out in pool.map(self._finish, map(_sample, chunk)):
+                    run.chunk_done += 1
+                    yield out
+            run.chunk = []
+
+
+_sample = operator.itemgetter(0)  # Located -> its sample

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
@@ -10,7 +10,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from shardpipes import fs
 from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes._core.samples import PartFilter, Sample, group_samples
-from shardpipes._core.split import ShardPart, block
+from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import Member, iter_members
 from shardpipes.errors import ShardIndexError, ShardpipesError
 from shardpipes.pipes._length import no_length
@@ -99,31 +99,87 @@ class ShardReader:
         self.index = index
         self._indexes: dict[str, Ranges | None] = {}
 
-    def samples(self, item: str | ShardPart) -> Iterator[Sample]:
-        """Yield the samples of a shard URL or part, giving errors to the handler."""
+    def samples(
+        self, item: str | ShardPart, *, spans: bool = False, at: tuple[int, int] | None = None
+    ) -> Iterator[Any]:
+        """Yield the samples of a shard URL or part, giving errors to the handler.
+
+        Args:
+            item: A shard URL or part.
+            spans: Yield :class:`~shardpipes._core.samples.Located` tuples (the sample,
+                its byte range and its index in the shard) instead of sample dicts.
+            at: Resume the part at ``(offset, index)``: the header offset (uncompressed)
+                and shard index of the next sample to read, as a ``Located`` gives them.
+        """
         part = item if isinstance(item, ShardPart) else ShardPart(item)
         try:
-            yield from self._samples(part)
+            with fs.open_input(part.url, self.storage_options) as stream:
+                members, first = self._members(stream, part, at)
+                yield from group_samples(
+                    members, url=part.url, handler=self.handler, spans=spans, first_index=first
+                )
         except (ShardpipesError, OSError) as exc:
             handle(self.handler, exc, stage="open_tar", url=part.url)
 
-    def _samples(self, part: ShardPart) -> Iterator[Sample]:
-        with fs.open_input(part.url, self.storage_options) as stream:
-            members = self._members(stream, part)
-            yield from group_samples(members, url=part.url, handler=self.handler)
+    def fetch(self, url: str, spans: Iterable[tuple[int, int]]) -> dict[int, Sample]:
+        """Re-read samples by byte range (a shuffle buffer being restored), by start offset.
 
-    def _members(self, stream: IO[bytes], part: ShardPart) -> Iterator[Member]:
-        if part.parts == 1:
-            return iter_members(stream, url=part.url)
-        ranges = self._ranges(part.url) if self.index is not False else None
+        One open of the shard: a plain tar is read range by range; a gzip one is
+        decompressed once from its start up to the last range.
+
+        Raises:
+            ShardpipesError: If a range does not hold exactly one sample (the shard
+                changed since the ranges were taken).
+        """
+        wanted = dict(sorted(set(spans)))
+        found: dict[int, Sample] = {}
+        with fs.open_input(url, self.storage_options) as stream:
+            compressed = stream.read(2) == b"\x1f\x8b"
+            stream.seek(0)
+            if compressed:
+                last = max(wanted.values(), default=0)
+                members = iter_members(stream, url=url, limit=None)
+                for loc in group_samples(members, url=url, spans=True):
+                    if wanted.get(loc.start) == loc.end:
+                        found[loc.start] = loc.sample
+                    if loc.end >= last:
+                        break
+            else:
+                for start, end in wanted.items():
+                    got = list(group_samples(_range(stream, url, start, end), url=url, spans=True))
+                    if len(got) == 1 and got[0].end == end:
+                        found[start] = got[0].sample
+        missing = [(start, end) for start, end in wanted.items() if start not in found]
+        if missing:
+            msg = f"no sample at bytes {missing[0][0]}..{missing[0][1]} (has the shard changed?)"
+            raise ShardpipesError(msg, url=url, offset=missing[0][0])
+        return found
+
+    def _members(
+        self, stream: IO[bytes], part: ShardPart, at: tuple[int, int] | None
+    ) -> tuple[Iterator[Member], int]:
+        """The members to read, and the shard index of the first sample among them."""
+        url = part.url
+        if part.span is not None:  # the splitter found the byte range (even split)
+            start, end = part.span
+            if at is None:
+                return _range(stream, url, start, end), part.start
+            return _range(stream, url, at[0], end), at[1]
+        offset, index = at or (0, 0)
+        if part.parts == 1 and part.start == 0 and part.stop is None:
+            return iter_members(stream, url=url, skip=offset), index
+        ranges = self._ranges(url) if self.index is not False else None
         if ranges is None:
-            return iter_members(stream, url=part.url, keep=PartFilter(part.part, part.parts))
-        mine = block(len(ranges), part.part, part.parts)
+            keep = PartFilter(part.part, part.parts, start=part.start, stop=part.stop)
+            keep.index = index - 1
+            return iter_members(stream, url=url, keep=keep, skip=offset), index
+        mine = part_samples(len(ranges), part)
         if not mine:
-            return iter(())
+            return iter(()), 0
         start, end = ranges[mine.start][0], ranges[mine.stop - 1][1]
-        stream.seek(start)
-        return iter_members(stream, url=part.url, base=start, limit=end - start)
+        if at is None:
+            return _range(stream, url, start, end), mine.start
+        return _range(stream, url, offset, end), index
 
     def _ranges(self, url: str) -> Ranges | None:
         """The shard's sample ranges, or ``None`` when it cannot be indexed (gzip)."""
@@ -137,3 +193,9 @@ class ShardReader:
                     ranges = None  # compressed: fall back to streaming the part
             self._indexes[url] = ranges
         return self._indexes[url]
+
+
+def _range(stream: IO[bytes], url: str, start: int, end: int) -> Iterator[Member]:
+    """The members in bytes ``[start, end)`` of a plain tar."""
+    stream.seek(start)
+    return iter_members(stream, url=url, base=start, limit=end - start)

@@ -20,6 +20,7 @@ def one_tar(
     url: str,
     *,
     index: bool | Mapping[str, str],
+    even: bool = False,
     storage_options: Mapping[str, Any] | None,
     **options: Any,
 ) -> IterDataPipe[Any]:
@@ -30,7 +31,11 @@ def one_tar(
     if not isinstance(url, str):
         msg = f"url must be one URL string (got {type(url).__name__}); use tar_shards for several"
         raise TypeError(msg)
-    shards = ShardSplitter(ShardLister(url, storage_options=storage_options))
+    lister = ShardLister(url, storage_options=storage_options)
+    shards = ShardSplitter(
+        lister, even=even, storage_options=storage_options,
+        index=index if isinstance(index, Mapping) else None,
+    )  # fmt: skip
     return ShardStream(
         shards,
         fields=(IMAGE_FIELDS, LABEL_FIELDS),

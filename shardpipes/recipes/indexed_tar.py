@@ -24,6 +24,7 @@ def indexed_tar(
     batch_size: int | None = None,
     drop_last: bool = False,
     threads: int = 0,
+    even: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
 ) -> IterDataPipe[Any]:
@@ -45,6 +46,10 @@ def indexed_tar(
         batch_size: Collate batches of this many pairs in the worker (default: pairs).
         drop_last: Drop each worker's last, shorter batch.
         threads: Decode threads per worker, as for :func:`~shardpipes.recipes.tar_shards`.
+        even: Every worker (hence every distributed rank) yields the same number of
+            samples, for DDP: up to ``total workers - 1`` samples are dropped per epoch (see
+            :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
+            ``.idx`` sidecar or a header scan).
         storage_options: Passed to the fsspec filesystem.
         handler: Error policy for every stage.
 
@@ -61,6 +66,7 @@ def indexed_tar(
         batch_size=batch_size,
         drop_last=drop_last,
         threads=threads,
+        even=even,
         storage_options=storage_options,
         handler=handler,
     )

@@ -20,6 +20,8 @@ def tar_shards(
     *,
     shuffle: bool = True,
     seed: int | None = None,
+    epoch: int = 0,
+    even: bool = False,
     buffer_size: int = 1000,
     transform: Callable[[Any], Any] | None = None,
     image: str = "pil",
@@ -45,7 +47,13 @@ def tar_shards(
         urls: Shard URLs, brace patterns or globs (``"s3://b/train-{000..099}.tar"``).
         shuffle: Shuffle the shard order and, through a buffer, the samples.
         seed: Fixed seed for the shard order (varies with ``set_epoch``); by default the
-            DataLoader's seed.
+            DataLoader's seed (broadcast from rank 0 under ``torch.distributed``).
+        epoch: The first epoch (call ``pipe.set_epoch(e)`` for later ones): with ``seed``,
+            the shard order is a function of ``(seed, epoch)``, the same on every rank.
+        even: Every worker (hence every distributed rank) yields the same number of
+            samples, for DDP: up to ``total workers - 1`` samples are dropped per epoch (see
+            :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
+            ``.idx`` sidecar or a header scan).
         buffer_size: Samples held (undecoded) in the shuffle buffer, per worker;
             ``shuffle=False`` or a size below 2 turns it off.
         transform: Applied to each decoded image (the first field).
@@ -78,8 +86,10 @@ def tar_shards(
         ...                   crop=224, batch_size=64)
     """
     shards = ShardSplitter(
-        ShardLister(urls, storage_options=storage_options), shuffle=shuffle, seed=seed
-    )
+        ShardLister(urls, storage_options=storage_options),
+        shuffle=shuffle, seed=seed, even=even, storage_options=storage_options,
+    )  # fmt: skip
+    shards.set_epoch(epoch)
     return ShardStream(
         shards,
         fields=fields,

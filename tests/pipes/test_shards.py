@@ -11,6 +11,7 @@ import fsspec
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
+import shardpipes as sp
 from shardpipes import NoShardsError, ShardPart
 from shardpipes.pipes.shards import ShardLister, ShardSplitter
 from tests.conftest import Dataset
@@ -111,3 +112,42 @@ class TestShardSplitter:
         """A non-integer seed is refused."""
         with pytest.raises(TypeError, match="seed must be an integer"):
             ShardSplitter(IterableWrapper([]), seed="x")  # type: ignore[arg-type]
+
+    def test_placement_from_worker_info_and_distributed_without_a_dataloader(self) -> None:
+        """Not sharded by a DataLoader: one worker, one rank -> everything, whole."""
+        parts = ShardSplitter(IterableWrapper(["a", "b", "c"]))
+        assert parts.placement() == (1, 0)
+        assert [p.url for p in parts] == ["a", "b", "c"]
+
+    def test_even_split_reads_counts_and_byte_spans(
+        self, make_shards: Callable[..., Dataset]
+    ) -> None:
+        """even=True: equal sample counts per worker, each block with its byte range."""
+        data = make_shards(3, [5, 2, 4])  # 11 samples, 3 workers: 3 each, 2 dropped
+        spans = []
+        for worker in range(3):
+            parts = ShardSplitter(IterableWrapper(data.urls), even=True)
+            parts.apply_sharding(3, worker)
+            got = list(parts)
+            assert sum(p.stop - p.start for p in got) == 3
+            assert all(p.span is not None and p.span[0] < p.span[1] for p in got)
+            spans += [(p.url, p.span) for p in got]
+        assert len(set(spans)) == len(spans)
+
+    def test_even_split_with_fewer_samples_than_workers_fails_at_once(
+        self, make_shards: Callable[..., Dataset]
+    ) -> None:
+        """3 samples for 4 workers cannot be split evenly: a clear error, no hang."""
+        data = make_shards(1, 3)
+        parts = ShardSplitter(IterableWrapper(data.urls), even=True)
+        parts.apply_sharding(4, 0)
+        with pytest.raises(ValueError, match="3 samples in 1 shards for 4 workers"):
+            list(parts)
+
+    def test_set_epoch_reaches_every_splitter(self) -> None:
+        """sp.set_epoch sets the epoch of the split_shards stages of a chain."""
+        parts = ShardSplitter(IterableWrapper(["a", "b"]), shuffle=True, seed=1)
+        pipe = parts.map(str)
+        assert sp.set_epoch(pipe, 4) is pipe and parts.epoch == 4
+        with pytest.raises(ValueError, match="epoch must be a non-negative int"):
+            parts.set_epoch(-1)

@@ -1,0 +1,63 @@
+"""One rank of the torchrun job in ``test_distributed.py``: read every case, write what it saw.
+
+Run as ``torchrun --nproc_per_node=N tests/dist_job.py CASES.json OUT_DIR``. Each case names
+a recipe and its options, a DataLoader ``num_workers`` (``None``: iterate the pipe with no
+DataLoader) and epochs; the rank writes ``OUT_DIR/rank{r}.json`` with, per case and epoch,
+the labels (sample ids) it saw in order and its number of batches.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+import shardpipes as sp
+
+
+def labels_of(batch: Any) -> list[int]:
+    """The labels (unique sample ids here) of a batch or of one sample: the second field."""
+    label = batch[1]
+    return label.tolist() if isinstance(label, torch.Tensor) else [label]
+
+
+def run_case(case: dict[str, Any]) -> list[dict[str, Any]]:
+    pipe = sp.recipes.load(case["recipe"], **case["options"])
+    epochs = []
+    for epoch in range(case.get("epochs", 1)):
+        pipe.set_epoch(epoch)
+        workers = case["num_workers"]
+        batches = (
+            pipe if workers is None else DataLoader(pipe, batch_size=None, num_workers=workers)
+        )
+        seen, count = [], 0
+        for batch in batches:
+            seen += labels_of(batch)
+            count += 1
+        epochs.append({"keys": seen, "batches": count})
+    return epochs
+
+
+def main() -> None:
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    report = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "cases": {name: run_case(case) for name, case in cases.items()},
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
