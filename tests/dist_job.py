@@ -2,8 +2,9 @@
 
 Run as ``torchrun --nproc_per_node=N tests/dist_job.py CASES.json OUT_DIR``. Each case names
 a recipe and its options, a DataLoader ``num_workers`` (``None``: iterate the pipe with no
-DataLoader) and epochs; the rank writes ``OUT_DIR/rank{r}.json`` with, per case and epoch,
-the labels (sample ids) it saw in order and its number of batches.
+DataLoader), epochs, and maybe ``resumable`` (``sp.Resumable`` under a StatefulDataLoader,
+its workers started by ``context``); the rank writes ``OUT_DIR/rank{r}.json`` with, per
+case and epoch, the labels (sample ids) it saw in order and its number of batches.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardpipes as sp
 
@@ -26,15 +28,27 @@ def labels_of(batch: Any) -> list[int]:
     return label.tolist() if isinstance(label, torch.Tensor) else [label]
 
 
+def loader(pipe: Any, case: dict[str, Any]) -> Any:
+    """The case's loader: none, a DataLoader, or a StatefulDataLoader over ``Resumable``."""
+    workers = case["num_workers"]
+    if workers is None:
+        return pipe
+    if case.get("resumable"):
+        context = case.get("context")
+        return StatefulDataLoader(
+            pipe, batch_size=None, num_workers=workers, multiprocessing_context=context
+        )
+    return DataLoader(pipe, batch_size=None, num_workers=workers)
+
+
 def run_case(case: dict[str, Any]) -> list[dict[str, Any]]:
     pipe = sp.recipes.load(case["recipe"], **case["options"])
+    if case.get("resumable"):
+        pipe = sp.Resumable(pipe)
     epochs = []
     for epoch in range(case.get("epochs", 1)):
         pipe.set_epoch(epoch)
-        workers = case["num_workers"]
-        batches = (
-            pipe if workers is None else DataLoader(pipe, batch_size=None, num_workers=workers)
-        )
+        batches = loader(pipe, case)
         seen, count = [], 0
         for batch in batches:
             seen += labels_of(batch)

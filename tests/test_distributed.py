@@ -53,7 +53,15 @@ def cases_for(name: str, urls: list[str]) -> dict[str, dict[str, Any]]:
         f"{name}/even": {"options": {**shards, "seed": 5, "even": True}, "epochs": 2},
         f"{name}/no-loader": {"options": {**shards, "seed": 5}, "num_workers": None},
         f"{name}/no-loader-even": {"options": {**shards, "even": True}, "num_workers": None},
+        f"{name}/resumable": {"options": {**shards, "seed": 5}, "resumable": True, "epochs": 2},
     }
+    if name == "uneven":  # workers started by spawn have no process group: Resumable tells them
+        options = {**shards, "even": True}
+        cases[f"{name}/resumable-spawn"] = {
+            "options": options,
+            "resumable": True,
+            "context": "spawn",
+        }
     if len(urls) == 1:
         cases[f"{name}/tar_images"] = {
             "recipe": "tar_images",

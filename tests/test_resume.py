@@ -193,22 +193,37 @@ def take(it: Iterator[Any], k: int) -> list[Any]:
     return [next(it) for _ in range(k)]
 
 
+BOUNDARY = {"buffer_size": 0, "batch_size": PER_SHARD, "shuffle": False}  # a batch = a shard
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("k", [1, 2, 5, 8])
+@pytest.mark.parametrize(
+    ("options", "k"),
+    [({}, 1), ({}, 2), ({}, 5), ({}, 8), (BOUNDARY, 1), (BOUNDARY, 2), ({"threads": 2}, 3)],
+    ids=["k1", "k2", "k5", "k8", "shard-end-1", "shard-end-2", "threads-k3"],
+)
 def test_stateful_dataloader_resumes_mid_epoch(
-    make_shards: Callable[..., Dataset], caplog: pytest.LogCaptureFixture, workers: int, k: int
+    make_shards: Callable[..., Dataset],
+    caplog: pytest.LogCaptureFixture,
+    workers: int,
+    options: dict[str, Any],
+    k: int,
 ) -> None:
-    """StatefulDataLoader: stop after k batches, restore into a new loader, finish the epoch."""
+    """StatefulDataLoader: stop after k batches, restore into a new loader, finish the epoch.
+
+    With the buffer on (k=1, 2: inside the first shard), and with batches of one shard
+    each and no buffer (stopping right at a shard boundary).
+    """
     data = make_shards(5, PER_SHARD)
-    full = keys(list(loader(make_pipe(data.urls), workers)))
+    full = keys(list(loader(make_pipe(data.urls, **options), workers)))
     assert sorted(full) == sorted(data.keys)
-    first = loader(make_pipe(data.urls), workers)
+    first = loader(make_pipe(data.urls, **options), workers)
     it = iter(first)
     head = take(it, k)
     state = first.state_dict()
     del it
-    second = loader(make_pipe(data.urls), workers)
+    second = loader(make_pipe(data.urls, **options), workers)
     second.load_state_dict(state)
     with caplog.at_level(logging.WARNING):
         rest = list(second)

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info, graph_settings
 from torch.utils.data.graph import traverse_dps
 
-from shardpipes.pipes.shards import ShardSplitter, set_epoch, worker_placement
+from shardpipes.pipes.shards import ShardSplitter, distributed, set_epoch, worker_placement
 
 __all__ = ["Resumable"]
 
@@ -45,9 +45,19 @@ class Resumable(IterableDataset[T]):
             msg = f"Resumable wraps an IterDataPipe (got {type(pipe).__name__})"
             raise TypeError(msg)
         self.pipe = pipe
+        self._ranks: tuple[int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled in the main process for the DataLoader's workers: take the rank along,
+        # since a worker started by "spawn" has no process group to ask
+        state = self.__dict__.copy()
+        world_size, rank = distributed()
+        if world_size > 1:
+            state["_ranks"] = (world_size, rank)
+        return state
 
     def __iter__(self) -> Iterator[T]:
-        total, worker = worker_placement()
+        total, worker = worker_placement(self._ranks)
         graph_settings.apply_sharding(self.pipe, total, worker)
         info = get_worker_info()
         seed = info.seed if info is not None else int(torch.empty((), dtype=torch.int64).random_())

@@ -18,7 +18,7 @@ from shardpipes._core.split import ShardPart, global_worker, split_plan
 from shardpipes.errors import NoShardsError
 from shardpipes.pipes.index import Ranges, sample_count
 
-__all__ = ["ShardLister", "ShardSplitter", "set_epoch", "worker_placement"]
+__all__ = ["ShardLister", "ShardSplitter", "distributed", "set_epoch", "worker_placement"]
 
 
 class ShardLister(IterDataPipe[str]):
@@ -293,11 +293,21 @@ def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
     return pipe
 
 
-def worker_placement() -> tuple[int, int]:
-    """``(total workers, global index)`` from the DataLoader worker and ``torch.distributed``."""
+def distributed() -> tuple[int, int]:
+    """``(world size, rank)`` of ``torch.distributed``, or ``(1, 0)`` when not initialized."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+def worker_placement(ranks: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``(total workers, global index)`` from the DataLoader worker and the distributed rank.
+
+    Args:
+        ranks: ``(world size, rank)`` when known (taken in the main process: a worker
+            started by ``spawn`` has no process group); default :func:`distributed`.
+    """
     info = get_worker_info()
     num_workers, worker_id = (info.num_workers, info.id) if info is not None else (1, 0)
-    world_size, rank = 1, 0
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        world_size, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    world_size, rank = ranks or distributed()
     return global_worker(world_size, rank, num_workers, worker_id)
