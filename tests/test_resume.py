@@ -78,8 +78,8 @@ def test_resume_at_a_shard_boundary(shards: Dataset) -> None:
     for k in (1, 2, 3):
         head, rest, state = resumed(make, k)
         assert keys(head) + keys(rest) == full
-        piece, offset, _ = state["position"]["cursor"]
-        assert piece == k - 1 and offset > 0  # at the end of shard k-1, nothing buffered
+        taken, offset, _ = state["position"]["cursor"]
+        assert taken == k and offset > 0  # at the end of the k-th shard, nothing buffered
         assert state["position"]["buffer"] == []
 
 
@@ -229,3 +229,69 @@ def test_stateful_dataloader_resumes_mid_epoch(
         rest = list(second)
     assert "fast-forward" not in caplog.text
     assert keys(head) + keys(rest) == full
+
+
+def chain(urls: list[str]) -> Any:
+    """The chained-pipes form, without a sample buffer: resumable stage by stage."""
+    return (
+        sp.list_shards(urls)
+        .split_shards(shuffle=True, seed=3)
+        .open_tar()
+        .decode()
+        .to_tuple("txt", "__key__")
+        .batch(BATCH)
+        .collate(sp.collate_samples)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_stateful_dataloader_resumes_a_chain(
+    make_shards: Callable[..., Dataset], caplog: pytest.LogCaptureFixture, workers: int, k: int
+) -> None:
+    """A chain of open_tar, decode, to_tuple, batch, collate resumes through Resumable."""
+    data = make_shards(5, PER_SHARD)
+    full = keys(list(loader(chain(data.urls), workers)))
+    assert sorted(full) == sorted(data.keys)
+    first = loader(chain(data.urls), workers)
+    it = iter(first)
+    head = take(it, k)
+    state = first.state_dict()
+    del it
+    second = loader(chain(data.urls), workers)
+    second.load_state_dict(state)
+    with caplog.at_level(logging.WARNING):
+        rest = list(second)
+    assert "fast-forward" not in caplog.text
+    assert keys(head) + keys(rest) == full
+
+
+def test_a_chain_with_torch_shuffle_is_refused(shards: Dataset) -> None:
+    """A torch shuffle keeps samples a state cannot hold: refused up front, with the way out."""
+    pipe = sp.list_shards(shards.urls).split_shards().open_tar().shuffle(buffer_size=10)
+    with pytest.raises(ValueError, match=r"ShufflerIterDataPipe cannot be resumed.*buffer_size"):
+        sp.Resumable(pipe)
+
+
+def test_open_tar_resumes_on_its_own(shards: Dataset) -> None:
+    """open_tar's state: the part being read and the offset of the next sample."""
+    make = lambda: sp.list_shards(shards.urls).split_shards().open_tar()  # noqa: E731
+    full = [s["__key__"] for s in make()]
+    pipe = make()
+    it = iter(pipe)
+    head = [next(it)["__key__"] for _ in range(12)]  # into the second shard
+    state = json.loads(json.dumps(pipe.state_dict()))
+    assert state["position"]["cursor"][0] == 2
+    again = make()
+    again.load_state_dict(state)
+    assert head + [s["__key__"] for s in again] == full
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [({"version": 2}, "not a Resumable state"), ({"version": 1, "stages": []}, "has 0 reading")],
+)
+def test_foreign_resumable_state_is_refused(shards: Dataset, state: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        sp.Resumable(make_pipe(shards.urls)).load_state_dict(state)

@@ -1,4 +1,4 @@
-"""``Resumable``: a pipe handed to torchdata's ``StatefulDataLoader`` with its state visible."""
+"""``Resumable``: a pipeline handed to torchdata's ``StatefulDataLoader`` with its state visible."""
 
 from __future__ import annotations
 
@@ -7,11 +7,22 @@ from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info, graph_settings
+from torch.utils.data.datapipes.iter import Batcher, Filter, IterableWrapper, Mapper, ShardingFilter
 from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.pipes.shards import ShardSplitter, distributed, set_epoch, worker_placement
+from shardpipes.pipes._epoch import VERSION, ResumableReading
+from shardpipes.pipes.decode import SampleDecoder
+from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.shards import (
+    ShardLister,
+    ShardSplitter,
+    distributed,
+    set_epoch,
+    worker_placement,
+)
 
-__all__ = ["Resumable"]
+__all__ = ["Resumable", "reading_stages"]
 
 T = TypeVar("T")
 
@@ -29,9 +40,16 @@ class Resumable(IterableDataset[T]):
     pipe's ``seed`` (0 when not given) and epoch, never of the loader's seed, so ranks
     agree without talking: call :meth:`set_epoch` every epoch.
 
+    Resumable pipelines: every streaming recipe and ``ShardStream``; chains of
+    ``list_shards`` → ``split_shards`` → ``open_tar`` → ``decode`` / ``to_tuple`` / ``map``
+    / ``filter`` → ``batch`` → ``collate``. Not torch's ``shuffle`` (its buffer of samples
+    cannot be put in a small state): use a recipe's or ``ShardStream``'s ``buffer_size``.
+
     Args:
-        pipe: The pipe; its state is resumable when it is a ``ShardStream`` (every
-            streaming recipe is one).
+        pipe: The pipeline.
+
+    Raises:
+        ValueError: If the pipeline holds a stage that cannot be resumed.
 
     Example:
         >>> from torchdata.stateful_dataloader import StatefulDataLoader
@@ -44,6 +62,7 @@ class Resumable(IterableDataset[T]):
         if not isinstance(pipe, IterDataPipe):
             msg = f"Resumable wraps an IterDataPipe (got {type(pipe).__name__})"
             raise TypeError(msg)
+        reading_stages(pipe)  # fail now if it cannot be resumed
         self.pipe = pipe
         self._ranks: tuple[int, int] | None = None
 
@@ -76,15 +95,50 @@ class Resumable(IterableDataset[T]):
         set_epoch(self.pipe, epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """The pipe's state (see ``ShardStream.state_dict``)."""
-        return self._stateful().state_dict()  # type: ignore[no-any-return]
+        """The states of the pipe's reading stages (``open_tar``, ``ShardStream``)."""
+        return {"version": VERSION, "stages": [s.state_dict() for s in reading_stages(self.pipe)]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume the pipe from a saved state at the next iteration."""
-        self._stateful().load_state_dict(state)
+        """Resume the pipe from a saved state at the next iteration.
 
-    def _stateful(self) -> Any:
-        if not callable(getattr(self.pipe, "state_dict", None)):
-            msg = f"{type(self.pipe).__name__} keeps no state; build the pipeline as a ShardStream"
-            raise TypeError(msg)
-        return self.pipe
+        Raises:
+            ValueError: If the state is not a ``Resumable`` state of this pipeline's shape.
+        """
+        stages = reading_stages(self.pipe)
+        if not isinstance(state, Mapping) or state.get("version") != VERSION:
+            msg = f"not a Resumable state of version {VERSION}: {str(state)[:200]}"
+            raise ValueError(msg)
+        saved = state.get("stages")
+        if not isinstance(saved, list):
+            msg = f"not a Resumable state (no list of stages): {str(state)[:200]}"
+            raise ValueError(msg)
+        if len(saved) != len(stages):
+            msg = f"the state has {len(saved)} reading stages, this pipeline {len(stages)}"
+            raise ValueError(msg)
+        for stage, sub in zip(stages, saved, strict=True):
+            stage.load_state_dict(sub)
+
+
+# stages that hold no item between two items the pipeline yields: a state taken there is
+# the reading stages' state alone (a batch is empty again once the pipeline yields it)
+_PASSING = (Mapper, Filter, Batcher, IterableWrapper, ShardingFilter, SampleDecoder, TupleMaker)
+
+
+def reading_stages(pipe: IterDataPipe[Any]) -> list[ResumableReading]:
+    """The pipeline's resumable reading stages, after checking that it is resumable.
+
+    Raises:
+        ValueError: If a stage keeps items in memory between yields (torch's ``shuffle``,
+            ``fork``, ``zip``…) or is unknown: its state could not be restored.
+    """
+    stages = get_all_graph_pipes(traverse_dps(pipe))
+    for stage in stages:
+        if not isinstance(stage, (ResumableReading, ShardLister, ShardSplitter, *_PASSING)):
+            msg = (
+                f"a pipeline with {type(stage).__name__} cannot be resumed: only reading "
+                "(list_shards, split_shards, open_tar, ShardStream), map, filter, decode, "
+                "to_tuple, batch and collate stages can. For a sample shuffle buffer use "
+                "ShardStream(buffer_size=...) or a recipe, which save their buffer"
+            )
+            raise ValueError(msg)
+    return [s for s in stages if isinstance(s, ResumableReading)]

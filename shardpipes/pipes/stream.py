@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import torch
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.decoders import (
@@ -28,9 +29,10 @@ from shardpipes._core.decoders import (
     located,
 )
 from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
 from shardpipes.errors import DecodeError, MissingFieldError
-from shardpipes.pipes._epoch import VERSION, EpochRun, Run, fresh_state, splitters
+from shardpipes.pipes._epoch import ResumableReading
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import decoder_table
@@ -43,7 +45,7 @@ __all__ = ["ShardStream"]
 _SKIPPED = object()  # what _finish returns for a sample the handler skipped
 
 
-class ShardStream(IterDataPipe[Any]):
+class ShardStream(ResumableReading, IterDataPipe[Any]):
     """Read, shuffle, decode, pick fields, transform and batch, in one stage.
 
     Equivalent to ``source.open_tar(...)``, then ``.shuffle(buffer_size=...)``,
@@ -118,8 +120,6 @@ class ShardStream(IterDataPipe[Any]):
         )
         self._seed: int | None = None
         self._decoders: dict[str, Decoder | None] = {}
-        self._run: Run | None = None
-        self._loaded: dict[str, Any] | None = None
 
     def set_seed(self, seed: int) -> ShardStream:
         """Seed the shuffle buffer for the next epoch (the DataLoader calls this)."""
@@ -132,16 +132,21 @@ class ShardStream(IterDataPipe[Any]):
         return self
 
     def __iter__(self) -> Iterator[Any]:
-        # not a generator function: the run exists (and state_dict sees it) from iter() on
-        run = self._run = Run(self, self._loaded)
-        self._loaded = None
-        return self._batches(run)
+        # not a generator function: the epoch begins (and state_dict sees it) at iter()
+        return self._batches(self._begin())
 
     def __len__(self) -> int:
         no_length(self)
 
-    def _batches(self, run: Run) -> Iterator[Any]:
-        finished = self._finished(run.start())
+    def _shuffling(self) -> tuple[int, int | None]:
+        seed = self._seed
+        if seed is None and self.buffer_size >= 2:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self._seed = None  # a later epoch without set_seed draws a fresh seed
+        return self.buffer_size, seed
+
+    def _batches(self, located: Iterator[Located]) -> Iterator[Any]:
+        finished = self._finished(located)
         if self.batch_size is None:
             yield from finished
         else:
@@ -153,46 +158,7 @@ class ShardStream(IterDataPipe[Any]):
                     batch = []
             if batch and not self.drop_last:
                 yield collate_samples(batch)
-        run.finish()
-
-    # -- state: torchdata's Stateful protocol -------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this pipe is in its epoch, for ``StatefulDataLoader`` (or a checkpoint).
-
-        Taken between two items it yields, it holds: the epoch's shard order (seed,
-        epoch) and the split, checked on restore; the part being read with the byte offset
-        and index of its next sample; the shuffle buffer as references ``(shard, start,
-        end)`` and its random generator's state; samples read ahead by decode threads.
-        Only ints, strings and lists: about 24 bytes of JSON per buffered sample plus
-        7 KB (a full 5,000-sample buffer: 120 KB). To hand the pipe to
-        ``StatefulDataLoader``, wrap it in :class:`~shardpipes.Resumable`.
-        """
-        if self._run is not None:
-            return self._run.state()
-        return dict(self._loaded) if self._loaded is not None else fresh_state(self)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume, at the next iteration, from a :meth:`state_dict` of this pipeline.
-
-        Raises:
-            ValueError: If the state is not one of a ``ShardStream`` of this version, or
-                its ``split_shards`` stages differ (another shard list, seed, number of
-                workers); a state of another split raises when iteration starts.
-        """
-        if not isinstance(state, Mapping) or state.get("version") != VERSION:
-            found = state.get("version") if isinstance(state, Mapping) else type(state).__name__
-            msg = f"not a ShardStream state of version {VERSION} (got version {found!r})"
-            raise ValueError(msg)
-        stages = splitters(self)
-        saved = state.get("splitters", [])
-        if len(saved) != len(stages):
-            msg = f"the state has {len(saved)} split_shards stages, this pipe {len(stages)}"
-            raise ValueError(msg)
-        for splitter, sub in zip(stages, saved, strict=True):
-            splitter.load_state_dict(sub)
-        self._loaded = dict(state)
-        self._run = None
+        self._ended()
 
     def _finish(self, sample: dict[str, Any]) -> Any:
         """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
@@ -224,24 +190,25 @@ class ShardStream(IterDataPipe[Any]):
             handle(self.handler, exc, stage="decode", **context)
         return _SKIPPED
 
-    def _finished(self, run: EpochRun) -> Iterator[Any]:
+    def _finished(self, located: Iterator[Located]) -> Iterator[Any]:
         if self.threads < 2:
-            finished: Iterator[Any] = map(self._finish, map(_sample, run.located()))
+            finished: Iterator[Any] = map(self._finish, map(_sample, located))
         else:
-            finished = self._threaded(run)
+            finished = self._threaded(located)
         return (out for out in finished if out is not _SKIPPED)
 
-    def _threaded(self, run: EpochRun) -> Iterator[Any]:
+    def _threaded(self, located: Iterator[Located]) -> Iterator[Any]:
         """``_finish`` on a thread pool, in order, a few batches' worth at a time."""
         size = max(self.threads, self.batch_size or 1) * 2
-        located = run.located()
         with ThreadPoolExecutor(self.threads, thread_name_prefix="shardpipes-decode") as pool:
             while chunk := list(itertools.islice(located, size)):
-                run.chunk, run.chunk_done = chunk, 0
+                epoch = self._epoch
+                assert epoch is not None  # located() has begun
+                epoch.chunk, epoch.chunk_done = chunk, 0  # in flight, for state_dict
                 for out in pool.map(self._finish, map(_sample, chunk)):
-                    run.chunk_done += 1
+                    epoch.chunk_done += 1
                     yield out
-            run.chunk = []
+                epoch.chunk = []
 
 
 _sample = operator.itemgetter(0)  # Located -> its sample

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
@@ -9,10 +10,11 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes import fs
 from shardpipes._core.handlers import Handler, check_handler, handle
-from shardpipes._core.samples import PartFilter, Sample, group_samples
+from shardpipes._core.samples import Located, PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import Member, iter_members
 from shardpipes.errors import ShardIndexError, ShardpipesError
+from shardpipes.pipes._epoch import ResumableReading
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.index import Ranges, build_index, read_index
 
@@ -20,7 +22,7 @@ __all__ = ["ShardReader", "TarOpener"]
 
 
 @functional_datapipe("open_tar")
-class TarOpener(IterDataPipe[Sample]):
+class TarOpener(ResumableReading, IterDataPipe[Sample]):
     """Stream the samples of tar shards (functional name: ``open_tar``).
 
     Each shard is streamed through ``shardpipes.fs``, its headers parsed as they come
@@ -69,8 +71,12 @@ class TarOpener(IterDataPipe[Sample]):
         self.reader = ShardReader(storage_options=storage_options, handler=handler, index=index)
 
     def __iter__(self) -> Iterator[Sample]:
-        for item in self.source_datapipe:
-            yield from self.reader.samples(item)
+        # not a generator function: the epoch begins (and state_dict sees it) at iter()
+        return self._samples(self._begin())
+
+    def _samples(self, located: Iterator[Located]) -> Iterator[Sample]:
+        yield from map(operator.itemgetter(0), located)
+        self._ended()
 
     def __len__(self) -> int:
         no_length(self)
