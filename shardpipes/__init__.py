@@ -23,6 +23,8 @@ from shardpipes.errors import (
     ShardIndexError,
     ShardNotFoundError,
     ShardpipesError,
+    StorageAccessError,
+    StorageError,
     TarFormatError,
     UnsafeDataError,
 )
@@ -55,6 +57,8 @@ __all__ = [
     "ShardStream",
     "ShardpipesError",
     "ShardpipesWarning",
+    "StorageAccessError",
+    "StorageError",
     "TarFormatError",
     "TarOpener",
     "TupleMaker",

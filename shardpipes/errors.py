@@ -15,6 +15,8 @@ __all__ = [
     "ShardIndexError",
     "ShardNotFoundError",
     "ShardpipesError",
+    "StorageAccessError",
+    "StorageError",
     "TarFormatError",
     "UnsafeDataError",
 ]
@@ -82,6 +84,14 @@ def _rebuild(
 
 class ShardNotFoundError(ShardpipesError, FileNotFoundError):
     """A shard URL does not exist (or its bucket does not)."""
+
+
+class StorageAccessError(ShardpipesError, PermissionError):
+    """The storage refused access to a URL (bad credentials, no permission); not retried."""
+
+
+class StorageError(ShardpipesError, OSError):
+    """Reading a URL kept failing (connection resets, timeouts, 5xx) past the retries."""
 
 
 class NoShardsError(ShardpipesError, FileNotFoundError):

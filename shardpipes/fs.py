@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Any, TypeVar
 
 from fsspec.core import url_to_fs as _fsspec_url_to_fs
 
-from shardpipes.errors import ShardNotFoundError
+from shardpipes._retry import RetryPolicy, denied, transient
+from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError, StorageError
 
 __all__ = [
     "READ_STATS",
     "ReadStats",
+    "RetryPolicy",
     "exists",
     "glob",
     "has_magic",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 StorageOptions = Mapping[str, Any]
+T = TypeVar("T")
 
 # protocol -> the shardpipes extra that installs its fsspec backend
 _EXTRAS = {
@@ -77,8 +80,9 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
             the install command.
         ValueError: The protocol is unknown to fsspec.
     """
+    options = _single_retry_layer(url, storage_options)
     try:
-        fs, path = _fsspec_url_to_fs(url, **dict(storage_options or {}))
+        fs, path = _fsspec_url_to_fs(url, **options)
     except ImportError as exc:
         proto = _protocol(url)
         extra = _EXTRAS.get(proto)
@@ -94,7 +98,28 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
             msg = f"{url}: unknown protocol {_protocol(url)!r}"
             raise ValueError(msg) from exc
         raise
+    if "s3" in _protocols(fs) and not _user_retries(storage_options):
+        fs.retries = 1  # s3fs's own layer (5 attempts) off: shardpipes retries
     return fs, str(path)
+
+
+def _user_retries(storage_options: StorageOptions | None) -> bool:
+    config = (storage_options or {}).get("config_kwargs") or {}
+    return "retries" in config
+
+
+def _single_retry_layer(url: str, storage_options: StorageOptions | None) -> dict[str, Any]:
+    """The storage options, with botocore's retries off for s3 unless the user set them.
+
+    s3fs retries a call 5 times and botocore each of those 5 times (37 s on a persistent
+    503); shardpipes retries itself, once per failure, with its own backoff.
+    """
+    options = dict(storage_options or {})
+    if _protocol(url) in ("s3", "s3a") and not _user_retries(storage_options):
+        config = dict(options.get("config_kwargs") or {})
+        config["retries"] = {"total_max_attempts": 1}
+        options["config_kwargs"] = config
+    return options
 
 
 def _display(url: str, fs: Any, path: str) -> str:
@@ -120,7 +145,7 @@ def glob(pattern: str, storage_options: StorageOptions | None = None) -> list[st
         The matching files, sorted, as URLs in the pattern's own style.
     """
     fs, path = url_to_fs(pattern, storage_options)
-    found = fs.glob(path, detail=True)
+    found = _call(pattern, lambda: fs.glob(path, detail=True))
     files = sorted(p for p, info in found.items() if info.get("type") != "directory")
     return [_display(pattern, fs, p) for p in files]
 
@@ -128,7 +153,7 @@ def glob(pattern: str, storage_options: StorageOptions | None = None) -> list[st
 def exists(url: str, storage_options: StorageOptions | None = None) -> bool:
     """Return whether ``url`` names an existing file or directory."""
     fs, path = url_to_fs(url, storage_options)
-    return bool(fs.exists(path))
+    return bool(_call(url, lambda: fs.exists(path)))
 
 
 def size(url: str, storage_options: StorageOptions | None = None) -> int:
@@ -138,8 +163,7 @@ def size(url: str, storage_options: StorageOptions | None = None) -> int:
         ShardNotFoundError: If it does not exist.
     """
     fs, path = url_to_fs(url, storage_options)
-    with _not_found(url):
-        return int(fs.size(path))
+    return int(_call(url, lambda: fs.size(path)))
 
 
 def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tuple[str, bool]]:
@@ -149,8 +173,7 @@ def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tup
         ShardNotFoundError: If the directory does not exist.
     """
     fs, path = url_to_fs(url, storage_options)
-    with _not_found(url):
-        entries = fs.ls(path, detail=True)
+    entries = _call(url, lambda: fs.ls(path, detail=True))
     out = [
         (_display(url, fs, e["name"]), e.get("type") == "directory")
         for e in entries
@@ -174,7 +197,7 @@ def walk(url: str, storage_options: StorageOptions | None = None) -> Iterator[En
         ShardNotFoundError: If ``url`` is not a folder.
     """
     filesystem, path = url_to_fs(url, storage_options)
-    if not filesystem.isdir(path):
+    if not _call(url, lambda: filesystem.isdir(path)):
         msg = "no such folder"
         raise ShardNotFoundError(msg, url=url)
     local = "file" in _protocols(filesystem)
@@ -217,74 +240,150 @@ def _entries(
     return sorted(out)
 
 
-@contextlib.contextmanager
-def _not_found(url: str) -> Iterator[None]:
-    try:
-        yield
-    except FileNotFoundError as exc:
-        if isinstance(exc, ShardNotFoundError):
-            raise
-        msg = "no such file"
-        raise ShardNotFoundError(msg, url=url) from exc
-
-
 class ReadStats:
     """Bytes read and files opened through :func:`open_input` in this process.
 
     ``shardpipes.fs.READ_STATS`` counts what the pipes consume (what a resumed epoch
     reads again, what each worker reads of an indexed shard); a backend's read-ahead may
-    transfer more.
+    transfer more. ``retries`` counts reads and opens tried again after a transient failure.
     """
 
     def __init__(self) -> None:
         self.bytes = 0
         self.opens = 0
+        self.retries = 0
 
     def reset(self) -> None:
         """Start counting from zero."""
-        self.bytes = self.opens = 0
+        self.bytes = self.opens = self.retries = 0
 
 
 READ_STATS = ReadStats()
 
 
-class _Counted:
-    """A read stream that adds the bytes it returns to :data:`READ_STATS`."""
+def open_input(
+    url: str, storage_options: StorageOptions | None = None, retry: RetryPolicy | None = None
+) -> IO[bytes]:
+    """Open ``url`` for binary reading, streaming, and resilient to a flaky network.
 
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
+    A transient failure (see :mod:`shardpipes._retry`) while opening or in the middle of
+    reading is retried with backoff: the file is opened again at the byte offset already
+    read, so nothing is read twice or skipped. Reads are counted in :data:`READ_STATS`.
+
+    Args:
+        url: The file's URL.
+        storage_options: Passed to the filesystem.
+        retry: The retry policy; default ``RetryPolicy()`` (5 retries).
+
+    Raises:
+        ShardNotFoundError: If it does not exist (not retried).
+        StorageAccessError: If access is refused (not retried).
+        StorageError: If a transient failure outlasts the retries; it names the offset.
+    """
+    return _ResilientStream(url, storage_options, retry or RetryPolicy())  # type: ignore[return-value]
+
+
+class _ResilientStream:
+    """A read stream over an fsspec file that reopens at its offset after a transient failure."""
+
+    def __init__(
+        self, url: str, storage_options: StorageOptions | None, retry: RetryPolicy
+    ) -> None:
+        self.url, self.retry = url, retry
+        self._fs, self._path = url_to_fs(url, storage_options)
+        self.pos = 0
+        self._file: Any = None
+        self._file = self._attempts("open", self._open)
+
+    def _open(self) -> Any:
+        file = self._fs.open(self._path, "rb")
+        if self.pos:
+            file.seek(self.pos)
+        READ_STATS.opens += 1
+        return file
+
+    def _attempts(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``; on a transient failure, reopen at ``pos`` and try again (``retries`` times)."""
+
+        def attempt() -> T:
+            if self._file is None:
+                self._file = self._open()
+            return fn()
+
+        try:
+            return self.retry.call(f"{self.url} at byte {self.pos}", attempt, self._recover)
+        except Exception as exc:
+            _raise_permanent(exc, self.url)
+            if not transient(exc):
+                raise
+            problem = (
+                f"{what} failed after {self.retry.retries} retries: {type(exc).__name__}: {exc}"
+            )
+            raise StorageError(problem, url=self.url, offset=self.pos) from exc
+
+    def _recover(self) -> None:
+        READ_STATS.retries += 1
+        self._discard()
+
+    def _discard(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(Exception):
+                file.close()
 
     def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
+        data: bytes = self._attempts("read", lambda: self._file.read(n))
+        self.pos += len(data)
         READ_STATS.bytes += len(data)
         return data
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self.pos + offset}.get(whence)
+        if target is None:  # from the end: the backend knows the size
+            target = self._attempts("seek", lambda: self._file.seek(offset, whence))
+        else:
+            self._attempts("seek", lambda: self._file.seek(target))
+        self.pos = int(target)
+        return self.pos
 
-    def __enter__(self) -> _Counted:
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._discard()
+
+    def __enter__(self) -> _ResilientStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stream.close()
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._stream)
+        self.close()
 
 
-def open_input(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:
-    """Open ``url`` for binary reading, streaming (seekable where the backend allows).
+def _call(url: str, fn: Callable[[], T]) -> T:
+    """A metadata call (glob, size, listing) with the default retries and clear errors."""
+    try:
+        return RetryPolicy().call(url, fn)
+    except Exception as exc:
+        _raise_permanent(exc, url)
+        raise
 
-    Reads are counted in :data:`READ_STATS`.
 
-    Raises:
-        ShardNotFoundError: If it does not exist.
-    """
-    fs, path = url_to_fs(url, storage_options)
-    with _not_found(url):
-        stream = fs.open(path, "rb")
-    READ_STATS.opens += 1
-    return _Counted(stream)  # type: ignore[return-value]
+def _raise_permanent(exc: BaseException, url: str) -> None:
+    """Raise the shardpipes error for a missing file or a refusal; return otherwise."""
+    if isinstance(exc, ShardpipesError):
+        raise exc
+    if isinstance(exc, FileNotFoundError):
+        msg = "no such file"
+        raise ShardNotFoundError(msg, url=url) from exc
+    if denied(exc):
+        msg = f"access denied (check the credentials in storage_options): {exc}"
+        raise StorageAccessError(msg, url=url) from exc
 
 
 def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:

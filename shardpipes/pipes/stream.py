@@ -77,6 +77,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             releases the GIL while it decodes and resizes, so this uses idle cores when
             there are fewer DataLoader workers than cores (``num_workers=0`` above all).
             Below 2: no pool.
+        retries: As for ``open_tar``.
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         allow_pickle: bool | Iterable[str] = False,
         decoders: Mapping[str, Decoder | None] | None = None,
         threads: int = 0,
+        retries: int = 5,
     ) -> None:
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -113,7 +115,9 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         self.threads = threads
         self.buffer_size = buffer_size
         self.handler = check_handler(handler)
-        self.reader = ShardReader(storage_options=storage_options, handler=handler, index=index)
+        self.reader = ShardReader(
+            storage_options=storage_options, handler=handler, index=index, retries=retries
+        )
         self._alternatives = parse_fields(self.fields) if self.fields else ()
         self._table = decoder_table(
             image, resize=resize, crop=crop, allow_pickle=allow_pickle, overrides=decoders

@@ -13,6 +13,7 @@ from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes._core.samples import Located, PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import Member, iter_members
+from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError
 from shardpipes.pipes._epoch import ResumableReading
 from shardpipes.pipes._length import no_length
@@ -43,6 +44,8 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
         index: For shards read in parts: ``False`` streams; ``True`` uses the ``URL.idx``
             sidecar or builds an index on the fly (a header-only scan); a mapping gives
             index URLs by shard URL.
+        retries: Tries again after a transient storage failure (a reset, a timeout, a
+            5xx), reopening the shard at the byte it had reached; then a ``StorageError``.
 
     Example:
         >>> import io, tarfile, fsspec
@@ -65,10 +68,13 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
         storage_options: Mapping[str, Any] | None = None,
         handler: Handler = "raise",
         index: bool | Mapping[str, str] = False,
+        retries: int = 5,
     ) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
-        self.reader = ShardReader(storage_options=storage_options, handler=handler, index=index)
+        self.reader = ShardReader(
+            storage_options=storage_options, handler=handler, index=index, retries=retries
+        )
 
     def __iter__(self) -> Iterator[Sample]:
         # not a generator function: the epoch begins (and state_dict sees it) at iter()
@@ -96,8 +102,10 @@ class ShardReader:
         storage_options: Mapping[str, Any] | None = None,
         handler: Handler = "raise",
         index: bool | Mapping[str, str] = False,
+        retries: int = 5,
     ) -> None:
         self.storage_options = dict(storage_options or {})
+        self.retry = RetryPolicy(retries=retries)
         self.handler = check_handler(handler)
         if not isinstance(index, bool | Mapping):
             msg = f"index must be a bool or a mapping of shard URL to index URL (got {index!r})"
@@ -119,7 +127,7 @@ class ShardReader:
         """
         part = item if isinstance(item, ShardPart) else ShardPart(item)
         try:
-            with fs.open_input(part.url, self.storage_options) as stream:
+            with fs.open_input(part.url, self.storage_options, self.retry) as stream:
                 members, first = self._members(stream, part, at)
                 yield from group_samples(
                     members, url=part.url, handler=self.handler, spans=spans, first_index=first
@@ -139,7 +147,7 @@ class ShardReader:
         """
         wanted = dict(sorted(set(spans)))
         found: dict[int, Sample] = {}
-        with fs.open_input(url, self.storage_options) as stream:
+        with fs.open_input(url, self.storage_options, self.retry) as stream:
             compressed = stream.read(2) == b"\x1f\x8b"
             stream.seek(0)
             if compressed:

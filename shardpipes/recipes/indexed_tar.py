@@ -27,6 +27,7 @@ def indexed_tar(
     even: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
+    retries: int = 5,
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from one big tar split by an index, as tfrecord does.
 
@@ -51,6 +52,8 @@ def indexed_tar(
             :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
             ``.idx`` sidecar or a header scan).
         storage_options: Passed to the fsspec filesystem.
+        retries: Tries again after a transient storage failure (reset, timeout, 5xx),
+            resuming the shard at the byte reached; then a ``StorageError``.
         handler: Error policy for every stage.
 
     Returns:
@@ -69,4 +72,5 @@ def indexed_tar(
         even=even,
         storage_options=storage_options,
         handler=handler,
+        retries=retries,
     )

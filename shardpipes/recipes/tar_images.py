@@ -26,6 +26,7 @@ def tar_images(
     even: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
+    retries: int = 5,
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from ONE tar: the notebook's ``TarImageDataset``, fixed.
 
@@ -48,6 +49,8 @@ def tar_images(
             :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
             ``.idx`` sidecar or a header scan).
         storage_options: Passed to the fsspec filesystem.
+        retries: Tries again after a transient storage failure (reset, timeout, 5xx),
+            resuming the shard at the byte reached; then a ``StorageError``.
         handler: Error policy for every stage.
 
     Returns:
@@ -66,4 +69,5 @@ def tar_images(
         even=even,
         storage_options=storage_options,
         handler=handler,
+        retries=retries,
     )

