@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from fsspec.core import url_to_fs as _fsspec_url_to_fs
 
+from shardpipes._cache import ShardCache
 from shardpipes._retry import RetryPolicy, denied, transient
 from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError, StorageError
 
@@ -245,24 +247,31 @@ class ReadStats:
 
     ``shardpipes.fs.READ_STATS`` counts what the pipes consume (what a resumed epoch
     reads again, what each worker reads of an indexed shard); a backend's read-ahead may
-    transfer more. ``retries`` counts reads and opens tried again after a transient failure.
+    transfer more. ``retries`` counts reads and opens tried again after a transient failure;
+    ``cache_hits`` the opens served from a local shard cache (not counted in ``bytes``).
     """
 
     def __init__(self) -> None:
         self.bytes = 0
         self.opens = 0
         self.retries = 0
+        self.cache_hits = 0
 
     def reset(self) -> None:
         """Start counting from zero."""
-        self.bytes = self.opens = self.retries = 0
+        self.bytes = self.opens = self.retries = self.cache_hits = 0
 
 
 READ_STATS = ReadStats()
 
 
 def open_input(
-    url: str, storage_options: StorageOptions | None = None, retry: RetryPolicy | None = None
+    url: str,
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+    *,
+    cache: ShardCache | None = None,
+    fill: bool = False,
 ) -> IO[bytes]:
     """Open ``url`` for binary reading, streaming, and resilient to a flaky network.
 
@@ -274,13 +283,100 @@ def open_input(
         url: The file's URL.
         storage_options: Passed to the filesystem.
         retry: The retry policy; default ``RetryPolicy()`` (5 retries).
+        cache: A local shard cache: a remote ``url`` in it is read from local disk.
+        fill: Add ``url`` to ``cache`` as it is read, if it is read whole, from the start.
 
     Raises:
         ShardNotFoundError: If it does not exist (not retried).
         StorageAccessError: If access is refused (not retried).
         StorageError: If a transient failure outlasts the retries; it names the offset.
     """
-    return _ResilientStream(url, storage_options, retry or RetryPolicy())  # type: ignore[return-value]
+    remote = cache is not None and _protocol(url) not in _LOCAL
+    if remote and cache is not None:
+        hit = cache.lookup(url)
+        if hit is not None:
+            READ_STATS.cache_hits += 1
+            return open(hit, "rb")
+    stream = _ResilientStream(url, storage_options, retry or RetryPolicy())
+    size = stream.size()
+    if remote and fill and cache is not None and size is not None:
+        temp = cache.reserve(url, size)
+        if temp is not None:
+            return _Filling(stream, cache, temp, url, size)  # type: ignore[return-value]
+    return stream  # type: ignore[return-value]
+
+
+_LOCAL = frozenset({"file", "local", "memory"})
+
+
+class _Filling:
+    """A stream that copies what it reads into a reserved cache file, published when whole."""
+
+    def __init__(
+        self, stream: _ResilientStream, cache: ShardCache, temp: Path, url: str, size: int
+    ) -> None:
+        self._stream, self._cache, self._temp, self._url, self._size = (
+            stream, cache, temp, url, size,
+        )  # fmt: skip
+        self._out: IO[bytes] | None = open(temp, "r+b")  # noqa: SIM115 (closed in close())
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        if self._out is not None:
+            self._out.write(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        before = self._stream.tell()
+        after = self._stream.seek(offset, whence)
+        if after != before:  # not a sequential read: no cache entry
+            self._drop()
+        return after
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        try:
+            if self._out is not None:
+                self._complete()
+        finally:
+            self._drop()
+            self._stream.close()
+
+    def _complete(self) -> None:
+        """Read the little that the tar reader leaves (end padding), then publish the entry."""
+        assert self._out is not None
+        rest = self._size - self._stream.tell()
+        if not 0 <= rest <= _TAIL:
+            return
+        while data := self._stream.read(_TAIL):
+            self._out.write(data)
+        if self._out.tell() == self._size == self._stream.tell():
+            self._out.close()
+            self._out = None
+            self._cache.commit(self._temp, self._url)
+
+    def _drop(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+            self._cache.abandon(self._temp)
+
+    def __enter__(self) -> _Filling:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_TAIL = 1 << 20  # read at most this much more to complete a cache entry
 
 
 class _ResilientStream:
@@ -294,6 +390,11 @@ class _ResilientStream:
         self.pos = 0
         self._file: Any = None
         self._file = self._attempts("open", self._open)
+
+    def size(self) -> int | None:
+        """The file's size, where the backend knows it from opening."""
+        size = getattr(self._file, "size", None)
+        return size if isinstance(size, int) else None
 
     def _open(self) -> Any:
         file = self._fs.open(self._path, "rb")

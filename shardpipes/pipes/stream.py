@@ -78,6 +78,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             there are fewer DataLoader workers than cores (``num_workers=0`` above all).
             Below 2: no pool.
         retries: As for ``open_tar``.
+        cache_dir: As for ``open_tar``.
+        cache_size: As for ``open_tar``.
     """
 
     def __init__(
@@ -99,6 +101,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         decoders: Mapping[str, Decoder | None] | None = None,
         threads: int = 0,
         retries: int = 5,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
     ) -> None:
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -116,8 +120,9 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         self.buffer_size = buffer_size
         self.handler = check_handler(handler)
         self.reader = ShardReader(
-            storage_options=storage_options, handler=handler, index=index, retries=retries
-        )
+            storage_options=storage_options, handler=handler, index=index, retries=retries,
+            cache_dir=cache_dir, cache_size=cache_size,
+        )  # fmt: skip
         self._alternatives = parse_fields(self.fields) if self.fields else ()
         self._table = decoder_table(
             image, resize=resize, crop=crop, allow_pickle=allow_pickle, overrides=decoders

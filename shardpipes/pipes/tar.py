@@ -9,6 +9,7 @@ from typing import IO, Any
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes import fs
+from shardpipes._cache import ShardCache, cache_bytes
 from shardpipes._core.handlers import Handler, check_handler, handle
 from shardpipes._core.samples import Located, PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
@@ -46,6 +47,10 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
             index URLs by shard URL.
         retries: Tries again after a transient storage failure (a reset, a timeout, a
             5xx), reopening the shard at the byte it had reached; then a ``StorageError``.
+        cache_dir: Keep remote shards read whole in this local folder, so later epochs
+            read them from disk (see :mod:`shardpipes._cache`); needs ``cache_size``.
+        cache_size: The folder's bound in bytes (or ``"20GB"``): least recently used
+            shards are evicted to stay under it.
 
     Example:
         >>> import io, tarfile, fsspec
@@ -69,12 +74,15 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
         handler: Handler = "raise",
         index: bool | Mapping[str, str] = False,
         retries: int = 5,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
     ) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
         self.reader = ShardReader(
-            storage_options=storage_options, handler=handler, index=index, retries=retries
-        )
+            storage_options=storage_options, handler=handler, index=index, retries=retries,
+            cache_dir=cache_dir, cache_size=cache_size,
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[Sample]:
         # not a generator function: the epoch begins (and state_dict sees it) at iter()
@@ -103,9 +111,12 @@ class ShardReader:
         handler: Handler = "raise",
         index: bool | Mapping[str, str] = False,
         retries: int = 5,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
     ) -> None:
         self.storage_options = dict(storage_options or {})
         self.retry = RetryPolicy(retries=retries)
+        self.cache = _cache(cache_dir, cache_size)
         self.handler = check_handler(handler)
         if not isinstance(index, bool | Mapping):
             msg = f"index must be a bool or a mapping of shard URL to index URL (got {index!r})"
@@ -127,7 +138,10 @@ class ShardReader:
         """
         part = item if isinstance(item, ShardPart) else ShardPart(item)
         try:
-            with fs.open_input(part.url, self.storage_options, self.retry) as stream:
+            whole = at is None and part == ShardPart(part.url)
+            with fs.open_input(
+                part.url, self.storage_options, self.retry, cache=self.cache, fill=whole
+            ) as stream:
                 members, first = self._members(stream, part, at)
                 yield from group_samples(
                     members, url=part.url, handler=self.handler, spans=spans, first_index=first
@@ -147,7 +161,7 @@ class ShardReader:
         """
         wanted = dict(sorted(set(spans)))
         found: dict[int, Sample] = {}
-        with fs.open_input(url, self.storage_options, self.retry) as stream:
+        with fs.open_input(url, self.storage_options, self.retry, cache=self.cache) as stream:
             compressed = stream.read(2) == b"\x1f\x8b"
             stream.seek(0)
             if compressed:
@@ -213,3 +227,15 @@ def _range(stream: IO[bytes], url: str, start: int, end: int) -> Iterator[Member
     """The members in bytes ``[start, end)`` of a plain tar."""
     stream.seek(start)
     return iter_members(stream, url=url, base=start, limit=end - start)
+
+
+def _cache(directory: str | None, size: int | str | None) -> ShardCache | None:
+    if directory is None:
+        if size is not None:
+            msg = "cache_size was given without cache_dir"
+            raise ValueError(msg)
+        return None
+    if size is None:
+        msg = "cache_dir needs cache_size, the most bytes the cache may hold (e.g. '20GB')"
+        raise ValueError(msg)
+    return ShardCache(directory, cache_bytes(size))

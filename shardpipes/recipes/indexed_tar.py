@@ -28,6 +28,8 @@ def indexed_tar(
     storage_options: Mapping[str, Any] | None = None,
     handler: Handler = "raise",
     retries: int = 5,
+    cache_dir: str | None = None,
+    cache_size: int | str | None = None,
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from one big tar split by an index, as tfrecord does.
 
@@ -54,6 +56,10 @@ def indexed_tar(
         storage_options: Passed to the fsspec filesystem.
         retries: Tries again after a transient storage failure (reset, timeout, 5xx),
             resuming the shard at the byte reached; then a ``StorageError``.
+        cache_dir: Keep remote shards in this local folder as they stream, so later
+            epochs read them from disk; needs ``cache_size``.
+        cache_size: The cache's bound, in bytes or as ``"20GB"`` (least recently used
+            shards are evicted).
         handler: Error policy for every stage.
 
     Returns:
@@ -73,4 +79,6 @@ def indexed_tar(
         storage_options=storage_options,
         handler=handler,
         retries=retries,
+        cache_dir=cache_dir,
+        cache_size=cache_size,
     )

@@ -1,0 +1,65 @@
+"""Reading shards over HTTP (an aiohttp static server on 127.0.0.1, with Range support)."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader, graph_settings
+
+import shardpipes as sp
+from shardpipes import fs
+from tests.cloud.servers import StaticHTTP
+from tests.conftest import Dataset
+
+
+def serve(server: StaticHTTP, data: Dataset) -> str:
+    """Copy the shards (and any .idx sidecars) into a fresh served folder; return its URL."""
+    folder = server.new_folder()
+    for url in data.urls:
+        for path in (Path(url), Path(url + ".idx")):
+            if path.exists():
+                shutil.copyfile(path, server.root / folder / path.name)
+    return server.url(folder)
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_tar_shards_over_http(
+    http_server: StaticHTTP, make_shards: Callable[..., Dataset], workers: int
+) -> None:
+    """A brace pattern of https?:// URLs streams every sample once, with workers too."""
+    data = make_shards(4, 5)
+    base = serve(http_server, data)
+    pipe = sp.recipes.tar_shards(f"{base}/train-{{000000..000003}}.tar", fields=("txt", "__key__"))
+    got = [key for _, key in DataLoader(pipe, batch_size=None, num_workers=workers)]
+    assert Counter(got) == Counter(data.keys)
+
+
+def test_indexed_tar_over_http_reads_ranges(
+    http_server: StaticHTTP, make_shards: Callable[..., Dataset]
+) -> None:
+    """With the .idx sidecar served next to the shard, each of 3 workers reads about a third."""
+    data = make_shards(1, 60, images=True)
+    sp.write_index(data.urls[0])
+    url = serve(http_server, data) + "/train-000000.tar"
+    size = fs.size(url)
+    seen, reads = [], []
+    for worker in range(3):
+        pipe = graph_settings.apply_sharding(sp.recipes.indexed_tar(url, image="bytes"), 3, worker)
+        fs.READ_STATS.reset()
+        seen += [label for _, label in pipe]
+        reads.append(fs.READ_STATS.bytes)
+    assert len(seen) == 60
+    assert all(size / 3 * 0.8 < n < size / 3 * 1.2 for n in reads), (reads, size)
+
+
+def test_missing_url_is_not_retried(http_server: StaticHTTP) -> None:
+    """A 404: ShardNotFoundError naming the URL, at once."""
+    url = http_server.url("nope/train-000000.tar")
+    fs.READ_STATS.reset()
+    with pytest.raises(sp.ShardNotFoundError, match=rf"^{url}: no such file"):
+        list(sp.recipes.tar_shards(url))
+    assert fs.READ_STATS.retries == 0
