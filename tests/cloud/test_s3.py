@@ -139,3 +139,9 @@ def test_cli_errors_are_one_line(
     assert main(["inspect", "foo://bucket/x.tar"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown protocol 'foo'" in err[0]
+    url = f"s3://{bucket}/train-000000.tar"
+    wrong = ["-o", f"key={s3_server.key}", "-o", "secret=wrong", "-o", "skip_instance_cache=1"]
+    assert main(["inspect", url, *wrong]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardpipes: error: {url}: access denied"), err
+    assert "wrong" not in err[0]  # the secret is not printed
