@@ -16,13 +16,19 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	rm -f $(VENV)/.stamp-*
 	touch $@
 
+# Azurite (Azure blob emulator) for the Azure tests, from npm into .npm/
+AZURITE := .npm/node_modules/.bin/azurite-blob
+$(AZURITE):
+	command -v npm >/dev/null || { echo "npm not found: the Azure tests will be skipped"; exit 0; }; \
+	npm install --prefix .npm --no-audit --no-fund --silent azurite@3.37.0
+
 demo: venv
 	$(BIN)/shardpipes demo
 
-test: venv
+test: venv $(AZURITE)
 	$(BIN)/python -m pytest
 
-test-fast: venv  ## skips the slow multi-process tests
+test-fast: venv $(AZURITE)  ## skips the slow multi-process tests
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: venv  ## shardpipes against its peers: benchmarks/results/latest.{md,json,png}
@@ -39,4 +45,4 @@ lint: venv
 check: lint test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache benchmarks/.venv-td09
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache benchmarks/.venv-td09 .npm

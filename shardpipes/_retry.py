@@ -84,15 +84,25 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
+_REFUSALS = frozenset({"ClientAuthenticationError", "RefreshError"})  # azure-core, google-auth
+
+
 def denied(exc: BaseException) -> bool:
-    """Whether ``exc`` is a refusal: ``PermissionError``, or an HTTP 401/403 status."""
-    return any(isinstance(e, PermissionError) or _status(e) in (401, 403) for e in _chain(exc))
+    """Whether ``exc`` is a refusal: ``PermissionError``, an HTTP 401/403, a bad credential."""
+    return any(
+        isinstance(e, PermissionError)
+        or _status(e) in (401, 403)
+        or any(c.__name__ in _REFUSALS for c in type(e).__mro__)
+        for e in _chain(exc)
+    )
 
 
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or its cause) is a failure that a new try may not meet."""
+    if denied(exc):
+        return False
     for e in _chain(exc):
-        if isinstance(e, FileNotFoundError | PermissionError) or _status(e) in (401, 403, 404):
+        if isinstance(e, FileNotFoundError) or _status(e) == 404:
             return False
     for e in _chain(exc):
         if isinstance(e, ConnectionError | TimeoutError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
@@ -13,6 +14,10 @@ import fsspec
 import pytest
 from hypothesis import settings
 from PIL import Image
+
+# gcsfs's experimental HNS path probes emulators over gRPC and stalls ~60 s per call: off,
+# before anything imports gcsfs
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 # shared 2-core machines: no per-example deadlines (they measure the neighbours, not us)
 settings.register_profile("shardpipes", deadline=None)
@@ -60,6 +65,11 @@ def sample_members(key: str, label: int, index: int, *, images: bool) -> list[tu
     payload = image_bytes(label, index) if images else f"{key}\n".encode() * 3
     ext = "png" if images else "txt"
     return [(f"{key}.{ext}", payload), (f"{key}.cls", str(label).encode())]
+
+
+def batch_keys(batches: object) -> list[str]:
+    """The keys of (payload, keys) batches, in order."""
+    return [k for batch in batches for k in batch[1]]  # type: ignore[attr-defined]
 
 
 @pytest.fixture

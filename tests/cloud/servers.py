@@ -116,19 +116,28 @@ def aws_env(
     }
     if endpoint_url is not None:
         wanted["AWS_ENDPOINT_URL"] = endpoint_url
-    touched = (*AWS_VARS_CLEARED, *wanted)
-    saved = {name: os.environ.get(name) for name in touched}
-    for name in AWS_VARS_CLEARED:
-        os.environ.pop(name, None)
-    os.environ.update(wanted)
+    cleared: dict[str, str | None] = dict.fromkeys(AWS_VARS_CLEARED)
+    with patched_env({**cleared, **wanted}):
+        yield
+
+
+@contextlib.contextmanager
+def patched_env(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or, for ``None``, remove) environment variables; restore them all on exit."""
+    saved = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
+        for name, old in saved.items():
+            if old is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = value
+                os.environ[name] = old
 
 
 class Service:
@@ -151,6 +160,50 @@ class Service:
 ServiceT = TypeVar("ServiceT", bound=Service)
 
 
+class BucketStore(Service):
+    """A storage server with buckets: make, fill and remove them through `admin()`."""
+
+    scheme = ""
+
+    def admin(self) -> contextlib.AbstractContextManager[Any]:
+        """A private fsspec filesystem for this server, closed on exit."""
+        raise NotImplementedError
+
+    def make_bucket(self, files: Iterable[Path] = (), *, prefix: str = "sp") -> str:
+        """Create a bucket with a unique name, upload ``files`` to its root, return its name."""
+        bucket = unique_bucket_name(prefix)
+        with self.admin() as fs:
+            fs.mkdir(bucket)
+        self.upload(bucket, files)
+        return bucket
+
+    def upload(self, bucket: str, files: Iterable[Path]) -> list[str]:
+        """Upload local files to ``bucket``'s root; return their URLs."""
+        files = list(files)
+        with self.admin() as fs:
+            for path in files:
+                fs.put_file(str(path), f"{bucket}/{path.name}")
+        return self.urls(bucket, [path.name for path in files])
+
+    @contextlib.contextmanager
+    def bucket_with(self, files: Iterable[Path | str]) -> Iterator[str]:
+        """A fresh bucket holding ``files`` for the ``with`` block, removed after it."""
+        bucket = self.make_bucket([Path(f) for f in files])
+        try:
+            yield bucket
+        finally:
+            self.remove_bucket(bucket)
+
+    def remove_bucket(self, bucket: str) -> None:
+        """Delete a bucket and everything in it."""
+        with self.admin() as fs:
+            fs.rm(bucket, recursive=True)
+
+    def urls(self, bucket: str, names: Iterable[str]) -> list[str]:
+        """``scheme://bucket/name`` for each name."""
+        return [f"{self.scheme}://{bucket}/{name}" for name in names]
+
+
 def unique_bucket_name(prefix: str = "sp") -> str:
     """A fresh valid bucket name (lowercase, 3–63 characters)."""
     return f"{prefix}-{uuid.uuid4().hex}"[:63]
@@ -167,7 +220,7 @@ def stop_process(proc: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
             proc.wait(timeout=10)
 
 
-class SeaweedS3(Service):
+class SeaweedS3(BucketStore):
     """A ``weed mini`` subprocess serving S3 on 127.0.0.1, credentials checked.
 
     Args:
@@ -182,6 +235,8 @@ class SeaweedS3(Service):
         with SeaweedS3(tmp) as s3:
             bucket = s3.make_bucket([Path("train-000.tar")])
     """
+
+    scheme = "s3"
 
     services = ("master", "volume", "filer", "s3", "admin")
 
@@ -315,28 +370,6 @@ class SeaweedS3(Service):
             creator = getattr(fs, "_s3creator", None)
             if creator is not None:
                 fs.close_session(fs.loop, creator)
-
-    def make_bucket(self, files: Iterable[Path] = (), *, prefix: str = "sp") -> str:
-        """Create a bucket with a unique name, upload ``files`` to its root, return its name."""
-        bucket = unique_bucket_name(prefix)
-        with self.admin() as fs:
-            fs.mkdir(bucket)
-        self.upload(bucket, files)
-        return bucket
-
-    def remove_bucket(self, bucket: str) -> None:
-        """Delete a bucket and everything in it (frees its weed volume)."""
-        with self.admin() as fs:
-            fs.rm(bucket, recursive=True)
-
-    def upload(self, bucket: str, files: Iterable[Path]) -> list[str]:
-        """Upload local files to ``bucket``'s root; return their ``s3://`` URLs."""
-        urls = []
-        with self.admin() as fs:
-            for path in files:
-                fs.put(str(path), f"{bucket}/{path.name}")
-                urls.append(f"s3://{bucket}/{path.name}")
-        return urls
 
 
 class StaticHTTP(Service):

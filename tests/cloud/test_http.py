@@ -8,10 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from torch.utils.data import DataLoader, graph_settings
+from torch.utils.data import DataLoader
 
 import shardpipes as sp
 from shardpipes import fs
+from tests.cloud.checks import about_a_third_each, indexed_reads
 from tests.cloud.servers import StaticHTTP
 from tests.conftest import Dataset
 
@@ -45,15 +46,9 @@ def test_indexed_tar_over_http_reads_ranges(
     data = make_shards(1, 60, images=True)
     sp.write_index(data.urls[0])
     url = serve(http_server, data) + "/train-000000.tar"
-    size = fs.size(url)
-    seen, reads = [], []
-    for worker in range(3):
-        pipe = graph_settings.apply_sharding(sp.recipes.indexed_tar(url, image="bytes"), 3, worker)
-        fs.READ_STATS.reset()
-        seen += [label for _, label in pipe]
-        reads.append(fs.READ_STATS.bytes)
-    assert len(seen) == 60
-    assert all(size / 3 * 0.8 < n < size / 3 * 1.2 for n in reads), (reads, size)
+    seen, reads = indexed_reads(url)
+    assert Counter(seen) == Counter(data.labels.values())
+    assert about_a_third_each(reads, fs.size(url)), reads
 
 
 def test_missing_url_is_not_retried(http_server: StaticHTTP) -> None:

@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from torch.utils.data import DataLoader, graph_settings
+from torch.utils.data import DataLoader
 
 import shardpipes as sp
 from shardpipes import fs
 from shardpipes.cli import main
+from tests.cloud.checks import about_a_third_each, indexed_reads
 from tests.cloud.servers import SeaweedS3
-from tests.conftest import Dataset
+from tests.conftest import Dataset, batch_keys
 
 
 @pytest.fixture
@@ -22,13 +23,8 @@ def s3_shards(
 ) -> Iterator[tuple[Dataset, str]]:
     """Four local shards of 6 samples, uploaded to a fresh bucket: (local data, bucket)."""
     data = make_shards(4, 6)
-    bucket = s3_server.make_bucket([Path(u) for u in data.urls])
-    yield data, bucket
-    s3_server.remove_bucket(bucket)
-
-
-def keys(batches: object) -> list[str]:
-    return [k for batch in batches for k in batch[1]]  # type: ignore[attr-defined]
+    with s3_server.bucket_with(data.urls) as bucket:
+        yield data, bucket
 
 
 def test_list_shards_braces_and_globs(s3_server: SeaweedS3, s3_shards: tuple[Dataset, str]) -> None:
@@ -52,7 +48,7 @@ def test_tar_shards_streams_every_sample_once(
         f"s3://{bucket}/train-*.tar", fields=("txt", "__key__"), batch_size=4,
         storage_options=s3_server.storage_options,
     )  # fmt: skip
-    got = keys(DataLoader(pipe, batch_size=None, num_workers=workers))
+    got = batch_keys(DataLoader(pipe, batch_size=None, num_workers=workers))
     assert Counter(got) == Counter(data.keys)
 
 
@@ -61,22 +57,12 @@ def test_indexed_tar_reads_only_its_own_ranges(
 ) -> None:
     """With an index sidecar in the bucket, each of 3 workers reads about a third."""
     data = make_shards(1, 60, images=True)
-    bucket = s3_server.make_bucket([Path(data.urls[0])])
-    try:
+    with s3_server.bucket_with(data.urls) as bucket:
         url, options = f"s3://{bucket}/train-000000.tar", s3_server.storage_options
         sp.write_index(url, storage_options=options)
-        size = fs.size(url, options)
-        seen, reads = [], []
-        for worker in range(3):
-            pipe = sp.recipes.indexed_tar(url, image="bytes", storage_options=options)
-            graph_settings.apply_sharding(pipe, 3, worker)
-            fs.READ_STATS.reset()
-            seen += [label for _, label in pipe]
-            reads.append(fs.READ_STATS.bytes)
-        assert len(seen) == 60
-        assert all(size / 3 * 0.8 < n < size / 3 * 1.2 for n in reads), (reads, size)
-    finally:
-        s3_server.remove_bucket(bucket)
+        seen, reads = indexed_reads(url, options)
+        assert Counter(seen) == Counter(data.labels.values())
+        assert about_a_third_each(reads, fs.size(url, options)), reads
 
 
 def test_cli_over_s3(
