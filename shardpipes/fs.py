@@ -122,8 +122,8 @@ def _s3_defaults(url: str, storage_options: StorageOptions | None) -> dict[str, 
       on loopback (benchmarks/cloud_read.py) at a third of the memory per open shard.
     """
     options = dict(storage_options or {})
-    if _protocol(url) not in ("s3", "s3a"):
-        return options
+    if "::" in url or _protocol(url) not in ("s3", "s3a"):
+        return options  # chained URLs take options per protocol: left as given
     if not _user_retries(storage_options):
         config = dict(options.get("config_kwargs") or {})
         config["retries"] = {"total_max_attempts": 1}

@@ -12,7 +12,6 @@ import errno
 import functools
 import http.client
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,12 +121,10 @@ class TestFaultyMoto:
 
     @pytest.mark.parametrize("retries", [1, 5])
     def test_500_is_not_retried_by_s3fs(self, moto: FaultyMoto, retries: int) -> None:
-        """s3fs does not retry InternalError: OSError(EREMOTEIO) after one GET, fast."""
+        """s3fs does not retry InternalError: OSError(EREMOTEIO) after one GET."""
         moto.inject("500")
-        start = time.perf_counter()
         with pytest.raises(OSError, match="internal error") as info:
             make_fs(moto.endpoint_url, retries=retries).cat_file(PATH)
-        assert time.perf_counter() - start < 2
         assert info.value.errno == errno.EREMOTEIO
         assert len(moto.gets(PATH)) == 1
 

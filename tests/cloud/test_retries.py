@@ -8,7 +8,6 @@ bodies. An epoch through ``tar_shards`` must yield exactly what a direct read yi
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -76,14 +75,17 @@ def test_resets_and_cuts_lose_nothing(
 def test_a_dead_endpoint_gives_up_with_the_url_and_offset(
     s3_server: SeaweedS3, seaweed_shards: tuple[Dataset, str], proxy: ResetProxy
 ) -> None:
-    """Every connection reset: StorageError naming the URL after the retries, in seconds."""
+    """Every connection reset: StorageError naming the URL after the retries, no storm.
+
+    3 tries; aiohttp resends an idempotent request once after a reset, and botocore's own
+    retries are off, so at most 6 connections (botocore's defaults alone would make 5x5).
+    """
     _, pattern = seaweed_shards
     url = pattern.replace("*", "000000")
     proxy.reset_on_accept()
-    start = time.monotonic()
     with pytest.raises(sp.StorageError, match=rf"^{url}: open failed after 2 retries"):
         list(sp.recipes.tar_shards(url, storage_options=through(proxy, s3_server), retries=2))
-    assert time.monotonic() - start < 10
+    assert 3 <= proxy.stats.accepted <= 6
 
 
 # -- HTTP-level faults from moto -------------------------------------------------------
@@ -138,12 +140,12 @@ def test_truncated_body_resumes_at_the_offset(
     assert moto.faults_injected == 1
 
 
-def test_persistent_500_gives_up_quickly(moto: FaultyMoto, moto_shard: tuple[Dataset, str]) -> None:
-    """A 500 on every GET: StorageError after `retries`, with the cause, not a 37 s storm."""
+def test_persistent_500_gives_up_after_the_retries(
+    moto: FaultyMoto, moto_shard: tuple[Dataset, str]
+) -> None:
+    """A 500 on every GET: StorageError after `retries`, with the cause; no retry storm."""
     _, url = moto_shard
     moto.inject("500")
-    start = time.monotonic()
     with pytest.raises(sp.StorageError, match=rf"^{url}: read failed after 3 retries"):
         list(sp.recipes.tar_shards(url, storage_options=fresh(moto), retries=3))
     assert len(moto.gets()) == 4  # one try and 3 retries: no retries inside s3fs or botocore
-    assert time.monotonic() - start < 10

@@ -131,3 +131,17 @@ def test_cli_errors_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"shardpipes: error: {url}: access denied"), err
     assert "wrong" not in err[0]  # the secret is not printed
+
+
+@pytest.mark.parametrize("layer", ["simplecache", "filecache"])
+def test_chained_cache_urls(
+    s3_server: SeaweedS3, s3_shards: tuple[Dataset, str], tmp_path: Path, layer: str
+) -> None:
+    """``simplecache::s3://…`` and ``filecache::`` (options per protocol) stream every sample."""
+    data, bucket = s3_shards
+    options = {"s3": s3_server.storage_options, layer: {"cache_storage": str(tmp_path)}}
+    pattern = f"{layer}::s3://{bucket}/train-*.tar"
+    assert len(sp.list_shards(pattern, storage_options=options)) == 4
+    pipe = sp.recipes.tar_shards(pattern, fields=("txt", "__key__"), storage_options=options)
+    assert Counter(key for _, key in pipe) == Counter(data.keys)
+    assert any(tmp_path.iterdir())  # the layer kept its copies
