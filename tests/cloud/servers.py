@@ -14,7 +14,6 @@ session). The library under test makes its own instances (its options differ any
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -23,14 +22,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-
-from aiohttp import web
 
 HOST = "127.0.0.1"
 GRPC_OFFSET = 10000  # weed's gRPC port = HTTP port + 10000 unless given
@@ -372,10 +368,21 @@ class SeaweedS3(BucketStore):
                 fs.close_session(fs.loop, creator)
 
 
+_SERVE_STATIC = """
+import sys
+from aiohttp import web
+app = web.Application()
+app.router.add_static("/", sys.argv[2], show_index=True)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
 class StaticHTTP(Service):
     """An aiohttp static file server (Range support, HTML index) on 127.0.0.1.
 
-    It runs in a background thread with its own event loop, on a port the OS picks.
+    It runs in a process of its own, not in a thread of the test process: forked DataLoader
+    workers would inherit a server event loop (and its epoll set), and a run on a fresh
+    clone once hung on a request that neither side saw arrive.
 
     Args:
         root: the folder to serve.
@@ -384,9 +391,7 @@ class StaticHTTP(Service):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def base_url(self) -> str:
@@ -420,32 +425,15 @@ class StaticHTTP(Service):
         (self.root / name).mkdir()
         return name
 
-    async def _serve(self) -> int:
-        app = web.Application()
-        app.router.add_static("/", self.root, show_index=True)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, HOST, 0)
-        await site.start()
-        return int(self._runner.addresses[0][1])
-
     def start(self, timeout: float = 10.0) -> None:
-        """Start the loop thread and the server; return once it listens."""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="static-http", daemon=True
-        )
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
-        self.port = future.result(timeout)
+        """Start the server process; return once it listens."""
+        self.port = free_port_pairs(1)[0]
+        command = [sys.executable, "-c", _SERVE_STATIC, str(self.port), str(self.root)]
+        self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        wait_for_port(self.port, deadline=time.monotonic() + timeout, proc=self._proc)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Close the server, stop the loop, join the thread, close the loop."""
-        if self._loop is None or self._thread is None:
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout)
-        self._loop.close()
-        self._loop = self._thread = self._runner = None
+        """Stop the server process."""
+        if self._proc is not None:
+            stop_process(self._proc, grace=timeout)
+            self._proc = None
