@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 # Azurite (Azure blob emulator) for the Azure tests, from npm into .npm/
 AZURITE := .npm/node_modules/.bin/azurite-blob
 $(AZURITE):
-	command -v npm >/dev/null || { echo "npm not found: the Azure tests will be skipped"; exit 0; }; \
+	command -v npm >/dev/null || { echo "npm not found: the Azure tests need Node.js 20 and npm"; exit 1; }; \
 	npm install --prefix .npm --no-audit --no-fund --silent azurite@3.37.0
 
 demo: venv

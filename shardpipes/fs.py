@@ -285,8 +285,8 @@ def open_input(
             return open(hit, "rb")
     filesystem, path = url_to_fs(url, storage_options)
     stream = ResilientStream(url, filesystem, path, retry or RetryPolicy())
-    size = stream.size()
-    if remote and fill and cache is not None and size is not None:
+    size = stream.size() if remote and fill else None
+    if cache is not None and size is not None:
         temp = cache.reserve(url, size)
         if temp is not None:
             return Filling(stream, cache, temp, url, size)  # type: ignore[return-value]

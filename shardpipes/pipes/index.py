@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from shardpipes import fs
 from shardpipes._core.index import dump_index, load_index, sample_ranges
 from shardpipes._core.tar import iter_members
 from shardpipes.errors import ShardIndexError
 
-__all__ = ["build_index", "index_url", "read_index", "sample_count", "write_index"]
+__all__ = ["build_index", "index_url", "is_gzip", "read_index", "sample_count", "write_index"]
 
 Ranges = list[tuple[int, int]]
 
@@ -28,11 +28,22 @@ def build_index(url: str, *, storage_options: Mapping[str, Any] | None = None) -
         TarFormatError: If the shard is not a readable tar.
     """
     with fs.open_input(url, storage_options) as stream:
-        if stream.read(2) == b"\x1f\x8b":
+        if is_gzip(stream):
             msg = "a compressed shard cannot be indexed (ranged reads need an uncompressed tar)"
             raise ShardIndexError(msg, url=url)
-        stream.seek(0)
-        return sample_ranges(iter_members(stream, url=url, keep=lambda name: False))
+        return _scan(stream, url)
+
+
+def is_gzip(stream: IO[bytes]) -> bool:
+    """Whether the stream starts with gzip's magic; it is left at its start."""
+    magic = stream.read(2)
+    stream.seek(0)
+    return magic == b"\x1f\x8b"
+
+
+def _scan(stream: IO[bytes], url: str) -> Ranges:
+    """Sample ranges from a header-only walk (member data seeked over)."""
+    return sample_ranges(iter_members(stream, url=url, keep=lambda name: False))
 
 
 def write_index(
@@ -73,8 +84,7 @@ def sample_count(
     ranges = read_index(url, storage_options=storage_options, index=index)
     if ranges is not None:
         return ranges
-    try:
-        return build_index(url, storage_options=storage_options)
-    except ShardIndexError:  # compressed: count the samples of the decompressed stream
-        with fs.open_input(url, storage_options) as stream:
-            return len(sample_ranges(iter_members(stream, url=url, keep=lambda name: False)))
+    with fs.open_input(url, storage_options) as stream:  # one scan, also for gzip
+        compressed = is_gzip(stream)
+        ranges = _scan(stream, url)
+    return len(ranges) if compressed else ranges

