@@ -17,6 +17,7 @@ from typing import IO, Any, TypeVar
 
 from fsspec.core import url_to_fs as _fsspec_url_to_fs
 
+from shardpipes import _fork
 from shardpipes._cache import ShardCache
 from shardpipes._retry import RetryPolicy
 from shardpipes._streams import READ_STATS, Filling, ReadStats, ResilientStream, raise_permanent
@@ -55,6 +56,8 @@ _EXTRAS = {
 }
 
 _MAGIC = ("*", "?", "[")
+
+_fork.install()
 
 
 def has_magic(url: str) -> bool:
