@@ -15,6 +15,7 @@ and ``collate``::
 
 from shardpipes import recipes
 from shardpipes._core.handlers import ShardpipesWarning
+from shardpipes._core.policy import ErrorPolicy, Stats
 from shardpipes._core.split import ShardPart, shard_order, split_plan
 from shardpipes.errors import (
     DecodeError,
@@ -26,6 +27,7 @@ from shardpipes.errors import (
     StorageAccessError,
     StorageError,
     TarFormatError,
+    TooManyErrorsError,
     UnsafeDataError,
 )
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
@@ -45,6 +47,7 @@ __all__ = [
     "Batch",
     "BatchDict",
     "DecodeError",
+    "ErrorPolicy",
     "MissingFieldError",
     "NoShardsError",
     "Resumable",
@@ -57,10 +60,12 @@ __all__ = [
     "ShardStream",
     "ShardpipesError",
     "ShardpipesWarning",
+    "Stats",
     "StorageAccessError",
     "StorageError",
     "TarFormatError",
     "TarOpener",
+    "TooManyErrorsError",
     "TupleMaker",
     "UnsafeDataError",
     "__version__",

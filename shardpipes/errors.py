@@ -18,6 +18,7 @@ __all__ = [
     "StorageAccessError",
     "StorageError",
     "TarFormatError",
+    "TooManyErrorsError",
     "UnsafeDataError",
 ]
 
@@ -108,6 +109,10 @@ class DecodeError(ShardpipesError, ValueError):
 
 class UnsafeDataError(DecodeError):
     """A member would need unpickling (code execution) to decode, and it was not allowed."""
+
+
+class TooManyErrorsError(ShardpipesError, RuntimeError):
+    """An epoch skipped more bad members, samples or shards than its ``max_errors`` budget."""
 
 
 class ShardIndexError(ShardpipesError, ValueError):

@@ -7,7 +7,9 @@ A handler is one of
 * ``"ignore"``: skip the bad item silently;
 * a callable ``(exc, context) -> bool``: return ``True`` to skip and go on, ``False`` to
   re-raise. ``context`` is a dict with the ``stage`` and whatever is known of ``url``,
-  ``member`` and ``key``.
+  ``member`` and ``key``;
+* an :class:`~shardpipes.ErrorPolicy`: one of the above with an error budget and
+  counters, shared by the stages it is given to.
 
 Unlike WebDataset's ``warn_and_continue``, nothing here sleeps.
 """
@@ -16,12 +18,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Handler", "ShardpipesWarning", "check_handler", "handle"]
 
 HandlerFn = Callable[[BaseException, dict[str, Any]], bool]
-Handler = str | HandlerFn
+
+
+@runtime_checkable
+class PolicyLike(Protocol):
+    """What :func:`handle` needs of an :class:`~shardpipes.ErrorPolicy`."""
+
+    def handle(self, exc: BaseException, **context: Any) -> None: ...
+
+    def stats(self) -> Any: ...
+
+
+Handler = str | HandlerFn | PolicyLike
 
 _NAMES = ("raise", "warn", "ignore")
 
@@ -34,7 +47,8 @@ def check_handler(handler: Handler) -> Handler:
     """Validate a handler argument at construction time.
 
     Args:
-        handler: ``"raise"``, ``"warn"``, ``"ignore"`` or a callable ``(exc, context) -> bool``.
+        handler: ``"raise"``, ``"warn"``, ``"ignore"``, a callable ``(exc, context) -> bool``
+            or an ``ErrorPolicy``.
 
     Returns:
         The handler, unchanged.
@@ -43,6 +57,8 @@ def check_handler(handler: Handler) -> Handler:
         ValueError: For an unknown handler name.
         TypeError: For something that is neither a name nor callable.
     """
+    if isinstance(handler, PolicyLike):
+        return handler
     if isinstance(handler, str):
         if handler not in _NAMES:
             msg = f"handler must be one of {_NAMES} or a callable (got {handler!r})"
@@ -66,6 +82,9 @@ def handle(handler: Handler, exc: BaseException, **context: Any) -> None:
     Raises:
         BaseException: ``exc`` itself, when the handler says not to skip.
     """
+    if isinstance(handler, PolicyLike):
+        handler.handle(exc, **context)
+        return
     if handler == "raise":
         raise exc
     if handler == "warn":

@@ -86,7 +86,9 @@ def group_samples(
 
     Members with ``data=None`` (declined by a ``keep`` function) are passed over. A
     sample holding one extension twice is an error, given to ``handler``; when the
-    handler skips, the whole sample is dropped.
+    handler skips, the whole sample is dropped. So is a sample holding a bad member that
+    the reader reported and marked (``end == -1``); a marker without a name drops the
+    sample being gathered, which may have been complete.
 
     Args:
         members: The members, in stream order.
@@ -112,6 +114,8 @@ def group_samples(
             name = member.name  # split_name(), inlined: this loop runs per member
             dot = name.find(".", name.rfind("/") + 1)
             if dot < 0:
+                if member.end < 0:  # a bad member of unknown name: drop the open sample
+                    sample, bad_key = None, last_key
                 continue
             key, ext = name[:dot], name[dot + 1 :].lower()
             if key != last_key:
@@ -121,6 +125,8 @@ def group_samples(
                 last_key = key
                 index += 1
             if member.data is None or key == bad_key:
+                if member.end < 0:  # a bad member (reported): its sample is dropped whole
+                    sample, bad_key = None, key
                 continue
             if sample is None:
                 sample, bad_key = {"__key__": key, "__url__": url}, None

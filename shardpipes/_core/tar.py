@@ -10,7 +10,18 @@ Like ``tarfile``, it stops at the first all-zero block and accepts a stream that
 header boundary without one.
 
 Every error is a :class:`~shardpipes.errors.TarFormatError` naming the URL, the member
-(where known) and the byte offset of the header in the uncompressed stream.
+(where known) and the byte offset of the header in the uncompressed stream. Besides
+malformed headers, the reader refuses what a hostile shard may hold: a member larger than
+``max_member_bytes`` (checked before reading it), a name with a ``..`` component, an
+absolute name or a NUL byte, a lone all-zero block followed by more headers, and more than
+:data:`MAX_EXTENDED` extended headers in a row. Nothing it reads is ever allocated beyond
+what the stream actually holds (reads are made in pieces of at most :data:`PIECE` bytes).
+
+With an ``on_error`` callback the reader goes on past a bad member instead of raising:
+it skips the member's data when its header is sound (an unsafe name, an oversized member),
+or scans forward to the next block that is a valid header (a bad checksum, a field that is
+not a number), and marks the spot with a ``Member`` whose ``end`` is ``-1``, so that the
+sample holding the bad member can be dropped whole.
 """
 
 from __future__ import annotations
@@ -21,9 +32,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, NamedTuple
 
-from shardpipes.errors import TarFormatError
+from shardpipes.errors import ShardpipesError, TarFormatError
 
-__all__ = ["Member", "iter_members"]
+__all__ = ["MAX_EXTENDED", "MAX_MEMBER_BYTES", "PIECE", "Member", "iter_members"]
 
 BLOCK = 512
 CHUNK = 1 << 20
@@ -32,6 +43,10 @@ _REGULAR = frozenset(b"0\x007")
 _SUPPORTED = frozenset(b"0\x0071234567LKS")
 _SIGNED = struct.Struct("148b8x356b")
 _MAX_META = 1 << 20  # long names and pax headers larger than this are refused
+MAX_MEMBER_BYTES = 1 << 30  #: default ``max_member_bytes``: larger members are refused
+MAX_EXTENDED = 16  #: more long-name/pax headers than this before one member are refused
+PIECE = 16 << 20  #: the largest single read: a bogus size never allocates more than this
+ErrorCallback = Callable[[TarFormatError, bool], None]
 
 
 class Member(NamedTuple):
@@ -40,6 +55,7 @@ class Member(NamedTuple):
     ``data`` is ``None`` when the caller's ``keep`` function declined the member (its bytes
     were skipped, not read). ``offset`` is where its first header starts (long-name and pax
     headers included) and ``end`` where its padded data ends, in the uncompressed stream.
+    ``end == -1`` (with ``data=None``) marks a bad member reported to ``on_error``.
     """
 
     name: str
@@ -71,7 +87,7 @@ class _Reader:
             n = min(n, self.left)
         parts, got = [], 0
         while got < n:
-            data = self.stream.read(n - got)
+            data = self.stream.read(min(n - got, PIECE))
             if not data:
                 break
             parts.append(data)
@@ -98,6 +114,11 @@ class _Reader:
             tail = self.buf[:need]
             self.pos = len(tail)
         return head + tail if head else tail
+
+    def unread(self, block: bytes) -> None:
+        """Put back ``block``, the bytes just read, to be read again."""
+        start = self.tell() - len(block)
+        self.buf, self.pos, self.base = block + self.buf[self.pos :], 0, start
 
     def skip(self, n: int, *, seek: bool = False) -> bool:
         """Skip ``n`` bytes; return ``False`` if the stream ended first (when it can tell).
@@ -209,6 +230,8 @@ def iter_members(
     base: int = 0,
     limit: int | None = None,
     skip: int = 0,
+    max_member_bytes: int = MAX_MEMBER_BYTES,
+    on_error: ErrorCallback | None = None,
 ) -> Iterator[Member]:
     """Yield the regular files of a tar (or gzip-compressed tar) stream, in order.
 
@@ -223,31 +246,65 @@ def iter_members(
         skip: Start at this header boundary, counted in uncompressed bytes from the
             stream's position: seeked over in a plain tar, decompressed and dropped in a
             gzip one (resuming a shard mid-way). A pax global header before it is not seen.
+        max_member_bytes: Refuse a regular member larger than this, before reading it.
+        on_error: Called with each :class:`~shardpipes.errors.TarFormatError` instead of
+            raising it, and whether the stream ends there (a truncation, bad gzip data). It
+            raises to stop, or returns to go on past the bad member (see the module docs);
+            a marker ``Member(name, None, offset, -1)`` is then yielded.
 
     Yields:
         :class:`Member` tuples.
 
     Raises:
-        TarFormatError: On a bad header, a bad checksum, truncation or bad gzip data.
+        TarFormatError: On a bad header, a bad checksum, truncation or bad gzip data, an
+            unsafe name or an oversized member (unless ``on_error`` takes it).
     """
     reader = _open(stream, base, limit)
     try:
         if skip and not reader.skip(skip, seek=True):
             msg = f"the stream ends before offset {skip}"
             raise TarFormatError(msg, url=url, offset=reader.tell())
-        yield from _members(reader, url, keep)
+        yield from _members(reader, url, keep, max_member_bytes, on_error)
     except (OSError, EOFError, zlib.error) as exc:  # gzip errors surface from reads
-        if isinstance(exc, FileNotFoundError | PermissionError):
-            raise
+        if isinstance(exc, ShardpipesError | FileNotFoundError | PermissionError):
+            raise  # storage failures are the caller's, not the tar's
         msg = f"unreadable compressed stream: {exc}"
-        raise TarFormatError(msg, url=url, offset=reader.tell()) from exc
+        error = TarFormatError(msg, url=url, offset=reader.tell())
+        if on_error is None:
+            raise error from exc
+        error.__cause__ = exc
+        on_error(error, True)
+        yield Member("", None, reader.tell(), -1)
 
 
-def _members(reader: _Reader, url: str, keep: Callable[[str], bool] | None) -> Iterator[Member]:
+# How the reader goes on after a bad member (see _BadMember)
+_STOP = -1  # the stream cannot be followed further
+_SCAN = -2  # look for the next block that is a valid header
+_DROP = -3  # drop the next member (its pax header was bad), then go on
+# n >= 0: skip n bytes (the member's padded data), then read the next header
+
+
+class _BadMember(Exception):  # noqa: N818 - internal control flow, never escapes
+    """A bad member, and how to go on past it."""
+
+    def __init__(self, error: TarFormatError, then: int) -> None:
+        super().__init__(error)
+        self.error, self.then = error, then
+
+
+def _members(
+    reader: _Reader,
+    url: str,
+    keep: Callable[[str], bool] | None,
+    max_size: int,
+    on_error: ErrorCallback | None,
+) -> Iterator[Member]:
     long_name: str | None = None
     pax: dict[str, str] = {}
     pax_global: dict[str, str] = {}
     start = -1
+    extended = 0  # extended headers since the last member
+    drop = False  # the next member's pax header was bad: its name is unknown
     member = tuple.__new__  # Member(...) goes through a Python-level __new__
     adler32 = zlib.adler32
     while True:
@@ -280,10 +337,11 @@ def _members(reader: _Reader, url: str, keep: Callable[[str], bool] | None) -> I
             data_start = p + BLOCK
             data_end = data_start + size
             after = data_end + (-size) % BLOCK
-            if size >= 0 and total == stored and after <= len(buf):
+            if 0 <= size <= max_size and total == stored and after <= len(buf):
                 end = buf.find(0, p, p + 100)
                 name = buf[p : end if end >= 0 else p + 100].decode("utf-8", "surrogateescape")
-                if not (name.endswith("/") or name.startswith("./")):
+                # names needing a closer look (./, /, ..) go the general way
+                if not (name.endswith("/") or name.startswith(("./", "/")) or ".." in name):
                     reader.pos = after
                     kept = keep is None or keep(name)
                     data = buf[data_start:data_end] if kept else None
@@ -294,41 +352,105 @@ def _members(reader: _Reader, url: str, keep: Callable[[str], bool] | None) -> I
             header, reader.pos, pos = reader.buf[pos:end], end, reader.base + pos
         else:
             pos, header = reader.tell(), reader.read(BLOCK)
-        if len(header) < BLOCK or header == _ZERO:
-            if 0 < len(header) < BLOCK or start >= 0:
-                msg = "truncated header"
-                raise TarFormatError(msg, url=url, offset=pos)
-            return
-        if start < 0:
-            start = pos
-        name, size, kind = _parse(header, url, pos)
-        padded = size + (-size) % BLOCK
-        if kind in b"LKxg":
-            meta = _meta(reader, size, padded, url, pos)
-            if kind == 0x4C:  # L: GNU long name
-                long_name = _nts(meta)
-            elif kind in b"xg":
-                (pax if kind == 0x78 else pax_global).update(_pax_or_raise(meta, url, pos))
-            continue
-        if pax or pax_global:
-            name, size, padded = _apply_pax({**pax_global, **pax}, name, size, padded, url, pos)
-        if long_name is not None:
-            name = long_name
-        member_start, start, long_name, pax = start, -1, None, {}
-        if kind not in _REGULAR or (kind == 0 and name.endswith("/")):
-            if kind not in _SUPPORTED or kind == 0x53:  # unknown types and sparse files
+        try:
+            if len(header) < BLOCK or header == _ZERO:
+                if 0 < len(header) < BLOCK or start >= 0:
+                    raise _BadMember(TarFormatError("truncated header", url=url, offset=pos), _STOP)
+                if header and not _archive_ends(reader):
+                    msg = "an all-zero block in the middle of the archive"
+                    raise _BadMember(TarFormatError(msg, url=url, offset=pos), 0)
+                return
+            if start < 0:
+                start = pos
+            name, size, kind = _parse(header, url, pos)
+            padded = size + (-size) % BLOCK
+            if kind in b"LKxg":
+                extended += 1
+                if extended > MAX_EXTENDED:
+                    msg = f"more than {MAX_EXTENDED} extended headers before one member"
+                    raise _BadMember(TarFormatError(msg, url=url, offset=start), _STOP)
+                meta = _meta(reader, size, padded, url, pos)
+                if kind == 0x4C:  # L: GNU long name
+                    long_name = _nts(meta)
+                elif kind in b"xg":
+                    records = _pax_or_raise(meta, url, pos)
+                    (pax if kind == 0x78 else pax_global).update(records)
+                continue
+            if pax or pax_global:
+                name, size, padded = _apply_pax({**pax_global, **pax}, name, size, padded, url, pos)
+            if long_name is not None:
+                name = long_name
+            member_start, start, long_name, pax, extended = start, -1, None, {}, 0
+            if kind not in _REGULAR or (kind == 0 and name.endswith("/")):
+                if kind not in _SUPPORTED or kind == 0x53:  # unknown types and sparse files
+                    reader.skip(padded)
+                continue
+            name = _strip(name)
+            if drop:  # reported with its pax header: mark it by the name it has
+                drop = False
                 reader.skip(padded)
-            continue
-        name = _strip(name)
-        if keep is not None and not keep(name):
-            reader.skip(padded)
-            yield Member(name, None, member_start, reader.tell())
-            continue
-        data = reader.read(size)
-        if len(data) < size or not reader.skip(padded - size):
-            msg = f"truncated member ({len(data)} of {size} bytes, padded to {padded})"
-            raise TarFormatError(msg, url=url, member=name, offset=member_start)
-        yield Member(name, data, member_start, reader.tell())
+                yield Member(name, None, member_start, -1)
+                continue
+            _check(name, size, padded, max_size, url, member_start)
+            if keep is not None and not keep(name):
+                reader.skip(padded)
+                yield Member(name, None, member_start, reader.tell())
+                continue
+            data = reader.read(size)
+            if len(data) < size or not reader.skip(padded - size):
+                msg = f"truncated member ({len(data)} of {size} bytes, padded to {padded})"
+                error = TarFormatError(msg, url=url, member=name, offset=member_start)
+                raise _BadMember(error, _STOP)
+            yield Member(name, data, member_start, reader.tell())
+        except (_BadMember, TarFormatError) as exc:
+            bad = exc if isinstance(exc, _BadMember) else _BadMember(exc, _SCAN)  # a bad header
+            if on_error is None:
+                raise bad.error from bad.error.__cause__
+            fatal = bad.then == _STOP or (bad.then == _SCAN and not _scan(reader))
+            on_error(bad.error, fatal)
+            # after a bad header its name is noise: the marker is nameless
+            name = "" if bad.then == _SCAN else bad.error.member or ""
+            yield Member(name, None, pos if bad.error.offset is None else bad.error.offset, -1)
+            start, long_name, pax, extended = -1, None, {}, 0
+            drop = bad.then == _DROP
+            if fatal or (bad.then > 0 and not (bad.then < 1 << 62 and reader.skip(bad.then))):
+                return
+
+
+def _check(name: str, size: int, padded: int, max_size: int, url: str, offset: int) -> None:
+    """Refuse an unsafe name or an oversized member (its data is then skipped)."""
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith("/") or "\0" in name or ".." in parts:
+        msg = "unsafe member name (absolute, with a '..' component or a NUL byte)"
+        raise _BadMember(TarFormatError(msg, url=url, member=name, offset=offset), padded)
+    if size > max_size:
+        msg = f"member of {size} bytes is larger than max_member_bytes={max_size}"
+        raise _BadMember(TarFormatError(msg, url=url, member=name, offset=offset), padded)
+
+
+def _archive_ends(reader: _Reader) -> bool:
+    """After one zero block: whether the archive ends (a second one, or the stream's end)."""
+    block = reader.read(BLOCK)
+    if len(block) < BLOCK or block == _ZERO:
+        return True
+    reader.unread(block)
+    return False
+
+
+def _scan(reader: _Reader) -> bool:
+    """Go on to the next block that is a valid header; ``False`` at the end of the stream."""
+    while True:
+        block = reader.read(BLOCK)
+        if len(block) < BLOCK:
+            return False
+        if block != _ZERO and block[156] in _SUPPORTED:
+            try:
+                valid = _checksum_ok(block)
+            except ValueError:
+                valid = False
+            if valid:
+                reader.unread(block)
+                return True
 
 
 def _parse(header: bytes, url: str, pos: int) -> tuple[str, int, int]:
@@ -369,8 +491,9 @@ def _pax_or_raise(meta: bytes, url: str, pos: int) -> dict[str, str]:
     try:
         return _pax(meta)
     except (ValueError, UnicodeDecodeError) as exc:
-        msg = "bad pax header"
-        raise TarFormatError(msg, url=url, offset=pos) from exc
+        error = TarFormatError("bad pax header", url=url, offset=pos)
+        error.__cause__ = exc
+        raise _BadMember(error, _DROP) from exc
 
 
 def _apply_pax(
@@ -383,5 +506,8 @@ def _apply_pax(
         except ValueError as exc:
             msg = f"bad pax size {records['size']!r}"
             raise TarFormatError(msg, url=url, member=name, offset=pos) from exc
+        if size < 0:
+            msg = f"bad pax size {size}"
+            raise TarFormatError(msg, url=url, member=name, offset=pos)
         padded = size + (-size) % BLOCK
     return name, size, padded

@@ -29,6 +29,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes._core.policy import Stats
 from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
 from shardpipes.pipes.shards import ShardSplitter
@@ -220,6 +221,7 @@ class ResumableReading:
         """Start an epoch (from a loaded state, if any): its samples, as ``Located``."""
         self._epoch, loaded, self._loaded = None, self._loaded, None
         self._state_at_start = loaded or self._fresh()
+        self.reader.policy.begin()
         return self._run((loaded or {}).get("position"))
 
     def _run(self, position: Mapping[str, Any] | None) -> Iterator[Located]:
@@ -232,6 +234,15 @@ class ResumableReading:
     def _ended(self) -> None:
         if self._epoch is not None:
             self._epoch.done = True
+        self.reader.policy.end()
+
+    def stats(self) -> Stats:
+        """What the current (or last) epoch read and skipped, over all DataLoader workers.
+
+        See :class:`~shardpipes.Stats`; counted by the pipe's
+        :class:`~shardpipes.ErrorPolicy` (its ``handler``).
+        """
+        return self.reader.policy.stats()
 
     def _fresh(self) -> dict[str, Any]:
         return {"version": VERSION, "splitters": self._splitter_states(), "position": None}

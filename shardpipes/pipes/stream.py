@@ -29,8 +29,10 @@ from shardpipes._core.decoders import (
     located,
 )
 from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
+from shardpipes._core.tar import MAX_MEMBER_BYTES
 from shardpipes.errors import DecodeError, MissingFieldError
 from shardpipes.pipes._epoch import ResumableReading
 from shardpipes.pipes._length import no_length
@@ -80,6 +82,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         retries: As for ``open_tar``.
         cache_dir: As for ``open_tar``.
         cache_size: As for ``open_tar``.
+        max_member_bytes: As for ``open_tar``.
+        max_errors: As for ``open_tar``.
     """
 
     def __init__(
@@ -103,6 +107,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         retries: int = 5,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
+        max_member_bytes: int = MAX_MEMBER_BYTES,
+        max_errors: int | float | None = None,
     ) -> None:
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -118,10 +124,11 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             raise ValueError(msg)
         self.threads = threads
         self.buffer_size = buffer_size
-        self.handler = check_handler(handler)
+        self.handler = as_policy(check_handler(handler), max_errors)
         self.reader = ShardReader(
-            storage_options=storage_options, handler=handler, index=index, retries=retries,
-            cache_dir=cache_dir, cache_size=cache_size,
+            storage_options=storage_options, handler=self.handler, index=index,
+            retries=retries, cache_dir=cache_dir, cache_size=cache_size,
+            max_member_bytes=max_member_bytes,
         )  # fmt: skip
         self._alternatives = parse_fields(self.fields) if self.fields else ()
         self._table = decoder_table(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
@@ -11,11 +12,12 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from shardpipes import fs
 from shardpipes._cache import ShardCache, cache_bytes
 from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import Located, PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
-from shardpipes._core.tar import Member, iter_members
+from shardpipes._core.tar import MAX_MEMBER_BYTES, Member, iter_members
 from shardpipes._retry import RetryPolicy
-from shardpipes.errors import ShardIndexError, ShardpipesError
+from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
 from shardpipes.pipes._epoch import ResumableReading
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
@@ -40,8 +42,11 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
     Args:
         source_datapipe: A pipe of shard URLs or ``ShardPart`` items.
         storage_options: Passed to the fsspec filesystem.
-        handler: What to do with a bad shard: ``"raise"``, ``"warn"`` (skip the rest of the
-            shard, warn), ``"ignore"``, or a callable ``(exc, context) -> bool``.
+        handler: What to do with a bad member or shard: ``"raise"``, ``"warn"`` (skip it,
+            warn), ``"ignore"`` (skip it), or a callable ``(exc, context) -> bool``. A bad
+            member (a bad header, an unsafe name, an oversized member) drops the sample
+            holding it, and reading goes on at the next valid header; a shard that cannot
+            be opened or read further (truncation, bad gzip data) is skipped from there.
         index: For shards read in parts: ``False`` streams; ``True`` uses the ``URL.idx``
             sidecar or builds an index on the fly (a header-only scan); a mapping gives
             index URLs by shard URL.
@@ -51,6 +56,12 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
             read them from disk (see :mod:`shardpipes._cache`); needs ``cache_size``.
         cache_size: The folder's bound in bytes (or ``"20GB"``): least recently used
             shards are evicted to stay under it.
+        max_member_bytes: Refuse a member larger than this (1 GiB by default) before
+            reading it: a bad member.
+        max_errors: The epoch's budget of skipped errors (an int, or a fraction of the
+            items seen): past it, :class:`~shardpipes.errors.TooManyErrorsError`. See
+            :class:`~shardpipes.ErrorPolicy`, which ``handler`` may also be (then give
+            the budget to it); :meth:`stats` reads the counts.
 
     Example:
         >>> import io, tarfile, fsspec
@@ -76,12 +87,15 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
         retries: int = 5,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
+        max_member_bytes: int = MAX_MEMBER_BYTES,
+        max_errors: int | float | None = None,
     ) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
+        policy = as_policy(check_handler(handler), max_errors)
         self.reader = ShardReader(
-            storage_options=storage_options, handler=handler, index=index, retries=retries,
-            cache_dir=cache_dir, cache_size=cache_size,
+            storage_options=storage_options, handler=policy, index=index, retries=retries,
+            cache_dir=cache_dir, cache_size=cache_size, max_member_bytes=max_member_bytes,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[Sample]:
@@ -113,11 +127,17 @@ class ShardReader:
         retries: int = 5,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
+        max_member_bytes: int = MAX_MEMBER_BYTES,
     ) -> None:
+        if not (isinstance(max_member_bytes, int) and max_member_bytes >= 0):
+            msg = f"max_member_bytes must be a non-negative int (got {max_member_bytes!r})"
+            raise ValueError(msg)
+        self.max_member_bytes = max_member_bytes
         self.storage_options = dict(storage_options or {})
         self.retry = RetryPolicy(retries=retries)
         self.cache = _cache(cache_dir, cache_size)
-        self.handler = check_handler(handler)
+        self.policy = as_policy(check_handler(handler))
+        self.handler = self.policy  # handle(self.handler, ...) counts through the policy
         if not isinstance(index, bool | Mapping):
             msg = f"index must be a bool or a mapping of shard URL to index URL (got {index!r})"
             raise TypeError(msg)
@@ -137,17 +157,26 @@ class ShardReader:
                 and shard index of the next sample to read, as a ``Located`` gives them.
         """
         part = item if isinstance(item, ShardPart) else ShardPart(item)
+        policy, read = self.policy, 0
+        policy.count("shards")
         try:
             whole = at is None and part == ShardPart(part.url)
             with fs.open_input(
                 part.url, self.storage_options, self.retry, cache=self.cache, fill=whole
             ) as stream:
                 members, first = self._members(stream, part, at)
-                yield from group_samples(
-                    members, url=part.url, handler=self.handler, spans=spans, first_index=first
-                )
+                for item in group_samples(
+                    members, url=part.url, handler=policy, spans=spans, first_index=first
+                ):
+                    read += 1
+                    yield item
+        except TooManyErrorsError:
+            raise
         except (ShardpipesError, OSError) as exc:
-            handle(self.handler, exc, stage="open_tar", url=part.url)
+            handle(policy, exc, stage="open_tar", url=part.url)
+            policy.count("shards_failed")
+        finally:
+            policy.count("read", read)
 
     def fetch(self, url: str, spans: Iterable[tuple[int, int]]) -> dict[int, Sample]:
         """Re-read samples by byte range (a shuffle buffer being restored), by start offset.
@@ -164,7 +193,7 @@ class ShardReader:
         with fs.open_input(url, self.storage_options, self.retry, cache=self.cache) as stream:
             if is_gzip(stream):
                 last = max(wanted.values(), default=0)
-                members = iter_members(stream, url=url, limit=None)
+                members = self._iter(stream, url)
                 for loc in group_samples(members, url=url, spans=True):
                     if wanted.get(loc.start) == loc.end:
                         found[loc.start] = loc.sample
@@ -172,7 +201,8 @@ class ShardReader:
                         break
             else:
                 for start, end in wanted.items():
-                    got = list(group_samples(_range(stream, url, start, end), url=url, spans=True))
+                    members = self._range(stream, url, start, end)
+                    got = list(group_samples(members, url=url, spans=True))
                     if len(got) == 1 and got[0].end == end:
                         found[start] = got[0].sample
         missing = [(start, end) for start, end in wanted.items() if start not in found]
@@ -189,23 +219,41 @@ class ShardReader:
         if part.span is not None:  # the splitter found the byte range (even split)
             start, end = part.span
             if at is None:
-                return _range(stream, url, start, end), part.start
-            return _range(stream, url, at[0], end), at[1]
+                return self._range(stream, url, start, end), part.start
+            return self._range(stream, url, at[0], end), at[1]
         offset, index = at or (0, 0)
         if part.parts == 1 and part.start == 0 and part.stop is None:
-            return iter_members(stream, url=url, skip=offset), index
+            return self._iter(stream, url, skip=offset), index
         ranges = self._ranges(url) if self.index is not False else None
         if ranges is None:
             keep = PartFilter(part.part, part.parts, start=part.start, stop=part.stop)
             keep.index = index - 1
-            return iter_members(stream, url=url, keep=keep, skip=offset), index
+            return self._iter(stream, url, keep=keep, skip=offset), index
         mine = part_samples(len(ranges), part)
         if not mine:
             return iter(()), 0
         start, end = ranges[mine.start][0], ranges[mine.stop - 1][1]
         if at is None:
-            return _range(stream, url, start, end), mine.start
-        return _range(stream, url, offset, end), index
+            return self._range(stream, url, start, end), mine.start
+        return self._range(stream, url, offset, end), index
+
+    def _iter(self, stream: IO[bytes], url: str, **kwargs: Any) -> Iterator[Member]:
+        """``iter_members`` with this reader's limits and its handler for bad members."""
+        raising = self.policy.handler == "raise"
+        on_error = None if raising else functools.partial(self._bad, url)
+        return iter_members(
+            stream, url=url, max_member_bytes=self.max_member_bytes, on_error=on_error, **kwargs
+        )
+
+    def _range(self, stream: IO[bytes], url: str, start: int, end: int) -> Iterator[Member]:
+        """The members in bytes ``[start, end)`` of a plain tar."""
+        stream.seek(start)
+        return self._iter(stream, url, base=start, limit=end - start)
+
+    def _bad(self, url: str, exc: TarFormatError, fatal: bool) -> None:
+        handle(self.policy, exc, stage="open_tar", url=url, member=exc.member)
+        if fatal:
+            self.policy.count("shards_failed")
 
     def _ranges(self, url: str) -> Ranges | None:
         """The shard's sample ranges, or ``None`` when it cannot be indexed (gzip)."""
@@ -219,12 +267,6 @@ class ShardReader:
                     ranges = None  # compressed: fall back to streaming the part
             self._indexes[url] = ranges
         return self._indexes[url]
-
-
-def _range(stream: IO[bytes], url: str, start: int, end: int) -> Iterator[Member]:
-    """The members in bytes ``[start, end)`` of a plain tar."""
-    stream.seek(start)
-    return iter_members(stream, url=url, base=start, limit=end - start)
 
 
 def _cache(directory: str | None, size: int | str | None) -> ShardCache | None:
