@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # the stamp is keyed on the dependency files: editing either re-installs
 STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)
 
-.PHONY: venv demo test test-fast lint check bench bench-quick clean
+.PHONY: venv demo test test-fast lint check bench bench-quick fuzz clean
 
 venv: $(STAMP)
 
@@ -37,9 +37,13 @@ bench: venv  ## shardpipes against its peers: benchmarks/results/latest.{md,json
 bench-quick: venv  ## the same on tiny data, one repeat (what the smoke test runs)
 	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
 
+FUZZ_SECONDS ?= 120
+fuzz: venv  ## mutation-fuzz the tar reader with atheris for FUZZ_SECONDS (crashes: ./crash-*)
+	$(BIN)/python fuzz/fuzz_tar.py -max_total_time=$(FUZZ_SECONDS) -timeout=1 -rss_limit_mb=4096 $(FUZZ_ARGS)
+
 lint: venv
-	$(BIN)/ruff format --check shardpipes tests benchmarks
-	$(BIN)/ruff check shardpipes tests benchmarks
+	$(BIN)/ruff format --check shardpipes tests benchmarks fuzz
+	$(BIN)/ruff check shardpipes tests benchmarks fuzz
 	$(BIN)/mypy
 
 check: lint test

@@ -17,9 +17,10 @@ with :class:`~shardpipes.errors.DecodeError`; one over the limit makes Pillow em
 from __future__ import annotations
 
 import io
+import contextlib
 import json
 import pickle
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -200,18 +201,43 @@ def _decode_json(data: bytes) -> Any:
 
 
 def _decode_npy(data: bytes) -> Any:
-    return numpy.load(io.BytesIO(data), allow_pickle=False)
+    with _no_object_arrays("npy"):
+        return numpy.load(io.BytesIO(data), allow_pickle=False)
 
 
 def _decode_npz(data: bytes) -> dict[str, Any]:
-    with numpy.load(io.BytesIO(data), allow_pickle=False) as archive:
+    with _no_object_arrays("npz"), numpy.load(io.BytesIO(data), allow_pickle=False) as archive:
         return {name: archive[name] for name in archive.files}
+
+
+@contextlib.contextmanager
+def _no_object_arrays(ext: str) -> Iterator[None]:
+    """numpy's refusal of an object array, as the UnsafeDataError it is."""
+    try:
+        yield
+    except ValueError as exc:
+        if "allow_pickle" not in str(exc):
+            raise
+        problem = (
+            f"refused to load a {ext!r} member holding Python objects: loading it unpickles "
+            "them, which executes arbitrary code; decode it yourself only if you trust the data"
+        )
+        raise UnsafeDataError(problem) from exc
 
 
 def _decode_torch(data: bytes) -> Any:
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=True)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights_only" not in str(exc).lower().replace(" ", "_"):
+            raise
+        problem = (
+            "refused to load a torch member holding more than tensors and plain data: "
+            "torch.load(weights_only=False) would unpickle it, which executes arbitrary code"
+        )
+        raise UnsafeDataError(problem) from exc
 
 
 def _decode_pickle(data: bytes) -> Any:

@@ -87,8 +87,9 @@ def group_samples(
     Members with ``data=None`` (declined by a ``keep`` function) are passed over. A
     sample holding one extension twice is an error, given to ``handler``; when the
     handler skips, the whole sample is dropped. So is a sample holding a bad member that
-    the reader reported and marked (``end == -1``); a marker without a name drops the
-    sample being gathered, which may have been complete.
+    the reader reported and marked (``end == -1``). A marker without a name (a header too
+    damaged to read one) drops both the sample being gathered and the next one: either
+    may have lost a member, and a sample missing a member is never yielded.
 
     Args:
         members: The members, in stream order.
@@ -108,14 +109,15 @@ def group_samples(
     last_key: str | None = None
     index = first_index - 1
     start = end = mine = 0
+    drop_next = False  # a nameless bad member: the next key may have lost its first members
     new = tuple.__new__  # Located(...) goes through a Python-level __new__
     try:
         for member in members:
             name = member.name  # split_name(), inlined: this loop runs per member
             dot = name.find(".", name.rfind("/") + 1)
             if dot < 0:
-                if member.end < 0:  # a bad member of unknown name: drop the open sample
-                    sample, bad_key = None, last_key
+                if member.end < 0:  # a bad member of unknown name: it may have belonged to
+                    sample, bad_key, drop_next = None, last_key, True  # either neighbour
                 continue
             key, ext = name[:dot], name[dot + 1 :].lower()
             if key != last_key:
@@ -124,6 +126,8 @@ def group_samples(
                     sample = None
                 last_key = key
                 index += 1
+                if drop_next:
+                    bad_key, drop_next = key, False
             if member.data is None or key == bad_key:
                 if member.end < 0:  # a bad member (reported): its sample is dropped whole
                     sample, bad_key = None, key

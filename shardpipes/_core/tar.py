@@ -73,6 +73,7 @@ class _Reader:
         self.pos = 0
         self.base = base  # stream offset of buf[0]
         self.left = limit  # bytes the stream may still give, None for no limit
+        self.failed: BaseException | None = None  # a read error held back (see _raw)
         try:
             self.seekable = bool(stream.seekable())
         except (AttributeError, OSError):
@@ -85,9 +86,17 @@ class _Reader:
         """Read up to ``n`` bytes (fewer only at the end of the stream or of the limit)."""
         if self.left is not None:
             n = min(n, self.left)
+        if self.failed is not None:
+            raise self.failed
         parts, got = [], 0
         while got < n:
-            data = self.stream.read(min(n - got, PIECE))
+            try:
+                data = self.stream.read(min(n - got, PIECE))
+            except (OSError, EOFError, zlib.error) as exc:
+                if not parts:
+                    raise
+                self.failed = exc  # a cut gzip stream: first give what came before the cut
+                break
             if not data:
                 break
             parts.append(data)
@@ -164,13 +173,34 @@ class _Prepend:
         return True
 
 
+class _Pieces:
+    """A gzip stream read with ``read1``: what came before a cut or a bad CRC is given first.
+
+    ``GzipFile.read(n)`` gathers ``n`` bytes and loses them all to an error met on the way.
+    """
+
+    def __init__(self, gz: gzip.GzipFile) -> None:
+        self.gz = gz
+
+    def read(self, n: int = -1) -> bytes:
+        return self.gz.read1(n)
+
+    def seekable(self) -> bool:
+        return False
+
+    def drain(self) -> None:
+        """Read to the end of the gzip stream: its trailer's CRC and length are checked."""
+        while self.gz.read1(CHUNK):
+            pass
+
+
 def _open(stream: IO[bytes], base: int, limit: int | None) -> _Reader:
     """Wrap ``stream``, transparently decompressing it when it is gzip."""
     reader = _Reader(stream, base=base, limit=limit)
     head = reader._raw(2)
     if head == b"\x1f\x8b":
         gz = gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb")  # type: ignore[call-overload]
-        return _Reader(gz, base=0)  # offsets count uncompressed bytes
+        return _Reader(_Pieces(gz), base=0)  # offsets count uncompressed bytes
     reader.buf = head
     return reader
 
@@ -208,7 +238,7 @@ def _pax(data: bytes) -> dict[str, str]:
         space = data.index(b" ", pos)
         length = int(data[pos:space])
         record = data[space + 1 : pos + length - 1]
-        if length <= space - pos or data[pos + length - 1] != 0x0A:
+        if not space - pos < length <= len(data) - pos or data[pos + length - 1] != 0x0A:
             raise ValueError(f"bad pax record at {pos}")  # noqa: EM102 - rewrapped by caller
         key, _, value = record.partition(b"=")
         out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
@@ -265,6 +295,8 @@ def iter_members(
             msg = f"the stream ends before offset {skip}"
             raise TarFormatError(msg, url=url, offset=reader.tell())
         yield from _members(reader, url, keep, max_member_bytes, on_error)
+        if isinstance(reader.stream, _Pieces):
+            reader.stream.drain()
     except (OSError, EOFError, zlib.error) as exc:  # gzip errors surface from reads
         if isinstance(exc, ShardpipesError | FileNotFoundError | PermissionError):
             raise  # storage failures are the caller's, not the tar's
@@ -281,6 +313,7 @@ def iter_members(
 _STOP = -1  # the stream cannot be followed further
 _SCAN = -2  # look for the next block that is a valid header
 _DROP = -3  # drop the next member (its pax header was bad), then go on
+_GO_ON = -4  # nothing was lost (a lone zero block): read the next header
 # n >= 0: skip n bytes (the member's padded data), then read the next header
 
 
@@ -356,9 +389,12 @@ def _members(
             if len(header) < BLOCK or header == _ZERO:
                 if 0 < len(header) < BLOCK or start >= 0:
                     raise _BadMember(TarFormatError("truncated header", url=url, offset=pos), _STOP)
+                if not header and reader.left is None:  # not a byte range: the real end
+                    msg = "empty file" if pos == 0 else "no end-of-archive blocks: truncated"
+                    raise _BadMember(TarFormatError(msg, url=url, offset=pos), _STOP)
                 if header and not _archive_ends(reader):
                     msg = "an all-zero block in the middle of the archive"
-                    raise _BadMember(TarFormatError(msg, url=url, offset=pos), 0)
+                    raise _BadMember(TarFormatError(msg, url=url, offset=pos), _GO_ON)
                 return
             if start < 0:
                 start = pos
@@ -408,9 +444,10 @@ def _members(
                 raise bad.error from bad.error.__cause__
             fatal = bad.then == _STOP or (bad.then == _SCAN and not _scan(reader))
             on_error(bad.error, fatal)
-            # after a bad header its name is noise: the marker is nameless
-            name = "" if bad.then == _SCAN else bad.error.member or ""
-            yield Member(name, None, pos if bad.error.offset is None else bad.error.offset, -1)
+            if bad.then != _GO_ON:
+                name = bad.error.member or ""
+                at = pos if bad.error.offset is None else bad.error.offset
+                yield Member(name, None, at, -1)
             start, long_name, pax, extended = -1, None, {}, 0
             drop = bad.then == _DROP
             if fatal or (bad.then > 0 and not (bad.then < 1 << 62 and reader.skip(bad.then))):
@@ -456,18 +493,20 @@ def _scan(reader: _Reader) -> bool:
 def _parse(header: bytes, url: str, pos: int) -> tuple[str, int, int]:
     """Return ``(name, size, typeflag)`` of one header block."""
     name = _nts(header[0:100])
+    # a damaged header's name is reported (and marks the sample) only if it reads as text
+    shown = name if name and name.isprintable() else None
     try:
         ok = _checksum_ok(header)
         size = _number(header[124:136])
     except ValueError as exc:
         msg = "bad header: a numeric field is not octal"
-        raise TarFormatError(msg, url=url, member=name or None, offset=pos) from exc
+        raise TarFormatError(msg, url=url, member=shown, offset=pos) from exc
     if not ok:
         msg = "bad header checksum"
-        raise TarFormatError(msg, url=url, member=name or None, offset=pos)
+        raise TarFormatError(msg, url=url, member=shown, offset=pos)
     if size < 0:
         msg = f"bad header: negative size {size}"
-        raise TarFormatError(msg, url=url, member=name or None, offset=pos)
+        raise TarFormatError(msg, url=url, member=shown, offset=pos)
     kind = header[156]
     if header[345] and kind not in b"LKS":  # a ustar prefix (GNU uses the bytes otherwise)
         name = f"{_nts(header[345:500])}/{name}"

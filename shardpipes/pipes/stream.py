@@ -13,7 +13,6 @@ It also decodes only the fields it keeps.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -176,8 +175,9 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 yield collate_samples(batch)
         self._ended()
 
-    def _finish(self, sample: dict[str, Any]) -> Any:
+    def _finish(self, loc: Located) -> Any:
         """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
+        sample = loc[0]
         try:
             if not self._alternatives:
                 out: Any = {field: decode_field(sample, field, self._table) for field in sample}
@@ -200,15 +200,17 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 values[0] = self.transform(values[0])
             return tuple(values)
         except MissingFieldError as exc:
+            exc.offset = loc[1]  # where the sample starts in its shard
             handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
         except DecodeError as exc:
+            exc.offset = loc[1]
             context = {"url": exc.url, "member": exc.member, "key": exc.key}
             handle(self.handler, exc, stage="decode", **context)
         return _SKIPPED
 
     def _finished(self, located: Iterator[Located]) -> Iterator[Any]:
         if self.threads < 2:
-            finished: Iterator[Any] = map(self._finish, map(_sample, located))
+            finished: Iterator[Any] = map(self._finish, located)
         else:
             finished = self._threaded(located)
         return (out for out in finished if out is not _SKIPPED)
@@ -221,10 +223,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 epoch = self._epoch
                 assert epoch is not None  # located() has begun
                 epoch.chunk, epoch.chunk_done = chunk, 0  # in flight, for state_dict
-                for out in pool.map(self._finish, map(_sample, chunk)):
+                for out in pool.map(self._finish, chunk):
                     epoch.chunk_done += 1
                     yield out
                 epoch.chunk = []
-
-
-_sample = operator.itemgetter(0)  # Located -> its sample

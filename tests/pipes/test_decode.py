@@ -196,14 +196,14 @@ class TestDecoders:
     def test_pth_with_arbitrary_object_is_refused(self) -> None:
         """torch.load runs with weights_only=True: pickled code objects are refused."""
         EXECUTED.clear()
-        with pytest.raises(DecodeError, match=r"k\.pth"):
+        with pytest.raises(UnsafeDataError, match=r"k\.pth"):
             _decode_one(_sample(pth=_torch_bytes(_Payload())))
         assert EXECUTED == []
 
     def test_npy_with_object_dtype_is_refused(self) -> None:
-        """An npy of object dtype (which needs pickle) is a DecodeError."""
+        """An npy of object dtype (which needs pickle) is refused as unsafe."""
         data = _npy(np.array([{"a": 1}], dtype=object))
-        with pytest.raises(DecodeError, match="allow_pickle"):
+        with pytest.raises(UnsafeDataError, match="Python objects"):
             _decode_one(_sample(npy=data))
 
     def test_last_dot_part_rule(self) -> None:
