@@ -23,7 +23,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,8 @@ from torch.utils.data.datapipes.iter import Batcher, Collator, IterableWrapper
 
 from shardpipes import fs
 from shardpipes._core.decoders import check_image_mode
+from shardpipes._core.handlers import check_handler
+from shardpipes._core.policy import ErrorPolicy, Stats
 from shardpipes._core.split import ShardPart
 from shardpipes.errors import NoShardsError
 from shardpipes.pipes.collate import collate_samples
@@ -75,6 +77,8 @@ class StageResult:
         capped: Stopped early by ``max_samples``.
         ragged: Some batches held images of different sizes, left as lists.
         error: Why the stage failed (``batch`` only: a batch that cannot be collated).
+        stats: What the stage's pipeline read and skipped (``shardpipes.Stats`` as a dict),
+            summed over the workers; ``None`` for ``read``.
     """
 
     stage: str
@@ -85,6 +89,7 @@ class StageResult:
     capped: bool = False
     ragged: bool = False
     error: str | None = None
+    stats: dict[str, Any] | None = None
 
     @property
     def samples_per_s(self) -> float | None:
@@ -203,6 +208,7 @@ def run_bench(
     storage_options: Mapping[str, Any] | None = None,
     max_samples: int | None = None,
     progress: bool | None = None,
+    handler: str = "raise",
 ) -> list[StageResult]:
     """Run the four stages over the shards at ``urls``; return what each did, in order.
 
@@ -218,6 +224,8 @@ def run_bench(
             by up to a batch); the ``read`` stage then runs after ``tar`` and stops after
             about as many shard bytes as those samples took.
         progress: Show a progress bar per stage on stderr: ``None`` when it is a terminal.
+        handler: What the stages do with bad members and samples: ``"raise"``, ``"warn"``
+            or ``"ignore"`` (each result's ``stats`` counts what was skipped).
 
     Returns:
         One :class:`StageResult` per stage of :data:`STAGES`. A batch that cannot be
@@ -244,6 +252,7 @@ def run_bench(
     if max_samples is not None:
         _check("max_samples", max_samples, 1)
     check_image_mode(image)
+    check_handler(handler)
     options = dict(storage_options or {})
     shards = _guard(partial(_list, urls, options))
     results: dict[str, StageResult] = {}
@@ -252,8 +261,10 @@ def run_bench(
         tar = results.get("tar")
         total = tar.samples if stage in ("decode", "batch") and tar else None
         meter = _Meter(stage, cap=span if stage == "read" else max_samples)
-        pipe = _pipe(stage, shards, options, image=image, batch_size=batch_size)
-        results[stage] = _guard(partial(_measure, pipe, meter, workers, total, progress))
+        policy = ErrorPolicy(handler)
+        pipe = _pipe(stage, shards, options, image=image, batch_size=batch_size, policy=policy)
+        measure = partial(_measure, pipe, meter, workers, total, progress)
+        results[stage] = _guard(partial(_with_stats, measure, None if stage == "read" else policy))
         if stage == "tar" and results[stage].capped:
             span = meter.span
     return [results[stage] for stage in STAGES]
@@ -274,16 +285,31 @@ def _list(urls: str | Sequence[str], options: Mapping[str, Any]) -> list[str]:
     return shards
 
 
+def _with_stats(measure: Callable[[], StageResult], policy: ErrorPolicy | None) -> StageResult:
+    result = measure()
+    if policy is None or result.error is not None:
+        return result
+    return replace(result, stats=asdict(policy.stats()))
+
+
 def _pipe(
-    stage: str, shards: list[str], options: dict[str, Any], *, image: str, batch_size: int
+    stage: str,
+    shards: list[str],
+    options: dict[str, Any],
+    *,
+    image: str,
+    batch_size: int,
+    policy: ErrorPolicy,
 ) -> IterDataPipe[Any]:
     """The pipeline up to ``stage``, ending in a counter (or in the batches)."""
     parts = ShardSplitter(IterableWrapper(shards))
     if stage == "read":
         return _ShardByteCounter(parts, storage_options=options)
-    samples: IterDataPipe[dict[str, Any]] = TarOpener(parts, storage_options=options)
+    samples: IterDataPipe[dict[str, Any]] = TarOpener(
+        parts, storage_options=options, handler=policy
+    )
     if stage != "tar":
-        samples = SampleDecoder(samples, image)
+        samples = SampleDecoder(samples, image, handler=policy)
     if stage != "batch":
         return _SampleCounter(samples, every=batch_size)
     return Collator(Batcher(samples, batch_size), collate_fn=collate_ragged)
@@ -435,6 +461,9 @@ def format_table(results: Sequence[StageResult]) -> str:
         lines.append("stopped early by max_samples (read: after about as many shard bytes)")
     if any(r.ragged for r in results):
         lines.append("batch: images of different sizes were kept as lists, not stacked")
+    counted = [r for r in results if r.stats is not None]
+    if counted:  # the last stage that read: what the data held
+        lines.append(f"data: {Stats(**counted[-1].stats)}")  # type: ignore[arg-type]
     line = slowest(results)
     return "\n".join([*lines, line] if line else lines)
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from shardpipes import fs
 from shardpipes._core.decoders import IMAGE_MODES
 from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size
-from shardpipes.errors import ShardpipesError
+from shardpipes.errors import DecodeError, ShardpipesError
 
 __all__ = ["main"]
 
@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", parents=[so], help="count shards, samples, extensions")
     inspect.set_defaults(run=_inspect)
     inspect.add_argument("url", metavar="URL", help="shard URL, brace pattern or glob")
+    inspect.add_argument("--check", action="store_true",
+                         help="read every member, decode every one (images included), list "
+                              "the bad ones; exit 1 if any")  # fmt: skip
     _add_bench(sub, so)
     return parser
 
@@ -116,6 +119,8 @@ def _add_bench(sub: Any, so: argparse.ArgumentParser) -> None:
     bench.add_argument("--image", choices=IMAGE_MODES, default="torch",
                        help="decode images as (default torch)")  # fmt: skip
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--handler", choices=("raise", "warn", "ignore"), default="raise",
+                       help="bad members/samples: stop (default), or skip and count")  # fmt: skip
     bench.add_argument("--progress", action=argparse.BooleanOptionalAction,
                        help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
 
@@ -205,25 +210,56 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from torch.utils.data.datapipes.iter import IterableWrapper
-
+    from shardpipes._core.decoders import decode_field, default_decoders
+    from shardpipes._core.policy import ErrorPolicy, reason
     from shardpipes.pipes.shards import ShardLister
-    from shardpipes.pipes.tar import TarOpener
+    from shardpipes.pipes.tar import ShardReader
 
     options = dict(args.storage_options)
     urls = [u for u in ShardLister(args.url, storage_options=options) if not u.endswith(".idx")]
-    counts, sizes, samples = Counter[str](), defaultdict[str, int](int), 0
-    for sample in TarOpener(IterableWrapper(urls), storage_options=options):
-        samples += 1
-        for ext, data in sample.items():
-            if not ext.startswith("__"):
+    bad: list[BaseException] = []
+
+    def record(exc: BaseException, context: dict[str, Any]) -> bool:
+        bad.append(exc)
+        return True  # skip it, and go on
+
+    policy = ErrorPolicy(record if args.check else "raise")
+    policy.begin()
+    reader = ShardReader(storage_options=options, handler=policy)
+    table = default_decoders("pil")
+    counts, sizes = Counter[str](), defaultdict[str, int](int)
+    for url in urls:
+        for sample, start, _, _ in reader.samples(url, spans=True):
+            for ext, data in sample.items():
+                if ext.startswith("__"):
+                    continue
                 counts[ext] += 1
                 sizes[ext] += len(data)
-    print(f"shards: {len(urls)}\nsamples: {samples}")
+                if args.check:
+                    try:
+                        decode_field(sample, ext, table)
+                    except DecodeError as exc:
+                        exc.offset = start  # where the sample starts
+                        policy.handle(exc, stage="decode", url=exc.url, member=exc.member)
+    stats = policy.stats()
+    print(f"shards: {len(urls)}\nsamples: {stats.read}")
     print(f"{'extension':<12}{'count':>10}{'total bytes':>16}{'mean bytes':>14}")
     for ext in sorted(counts):
         print(f"{ext:<12}{counts[ext]:>10}{sizes[ext]:>16}{sizes[ext] / counts[ext]:>14.1f}")
-    return 0
+    if not args.check:
+        return 0
+    print(f"checked: {stats}")
+    if not bad:
+        print("no bad members")
+        return 0
+    print(f"bad: {len(bad)}\n{'reason':<14}{'offset':>12}  url  member  problem")
+    for error in bad:
+        where = getattr(error, "offset", None)
+        shard, member = getattr(error, "url", None), getattr(error, "member", None)
+        problem = " ".join(str(getattr(error, "problem", error)).split())
+        print(f"{reason(error):<14}{'-' if where is None else where:>12}  {shard}  "
+              f"{member or '-'}  {problem}")  # fmt: skip
+    return 1
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -254,7 +290,7 @@ def _bench(args: argparse.Namespace) -> int:
     results = bench.run_bench(
         args.url, workers=args.workers, batch_size=args.batch_size, image=args.image,
         storage_options=dict(args.storage_options), max_samples=args.max_samples,
-        progress=args.progress,
+        progress=args.progress, handler=args.handler,
     )  # fmt: skip
     print(
         json.dumps(bench.to_json(results), indent=2) if args.json else bench.format_table(results)

@@ -16,8 +16,8 @@ with :class:`~shardpipes.errors.DecodeError`; one over the limit makes Pillow em
 
 from __future__ import annotations
 
-import io
 import contextlib
+import io
 import json
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -212,7 +212,7 @@ def _decode_npz(data: bytes) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _no_object_arrays(ext: str) -> Iterator[None]:
-    """numpy's refusal of an object array, as the UnsafeDataError it is."""
+    """Numpy's refusal of an object array, as the UnsafeDataError it is."""
     try:
         yield
     except ValueError as exc:

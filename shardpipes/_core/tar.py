@@ -88,7 +88,8 @@ class _Reader:
             n = min(n, self.left)
         if self.failed is not None:
             raise self.failed
-        parts, got = [], 0
+        parts: list[bytes] = []
+        got = 0
         while got < n:
             try:
                 data = self.stream.read(min(n - got, PIECE))
@@ -200,7 +201,7 @@ def _open(stream: IO[bytes], base: int, limit: int | None) -> _Reader:
     head = reader._raw(2)
     if head == b"\x1f\x8b":
         gz = gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb")  # type: ignore[call-overload]
-        return _Reader(_Pieces(gz), base=0)  # offsets count uncompressed bytes
+        return _Reader(_Pieces(gz), base=0)  # type: ignore[arg-type]  # offsets: uncompressed
     reader.buf = head
     return reader
 

@@ -8,6 +8,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.handlers import Handler
+from shardpipes._core.tar import MAX_MEMBER_BYTES
 from shardpipes.recipes._stream import one_tar
 
 __all__ = ["indexed_tar"]
@@ -30,6 +31,8 @@ def indexed_tar(
     retries: int = 5,
     cache_dir: str | None = None,
     cache_size: int | str | None = None,
+    max_errors: int | float | None = None,
+    max_member_bytes: int = MAX_MEMBER_BYTES,
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from one big tar split by an index, as tfrecord does.
 
@@ -56,7 +59,9 @@ def indexed_tar(
         cache_dir: As for :func:`~shardpipes.recipes.tar_shards` (a shard read by parts,
             with workers, is read from the cache but does not fill it).
         cache_size: As for :func:`~shardpipes.recipes.tar_shards`.
-        handler: Error policy for every stage.
+        handler: As for :func:`~shardpipes.recipes.tar_shards`; ``stats()`` counts.
+        max_errors: As for :func:`~shardpipes.recipes.tar_shards`.
+        max_member_bytes: As for :func:`~shardpipes.recipes.tar_shards`.
 
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
@@ -77,4 +82,6 @@ def indexed_tar(
         retries=retries,
         cache_dir=cache_dir,
         cache_size=cache_size,
+        max_errors=max_errors,
+        max_member_bytes=max_member_bytes,
     )

@@ -8,6 +8,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.handlers import Handler
+from shardpipes._core.tar import MAX_MEMBER_BYTES
 from shardpipes.pipes.shards import ShardLister, ShardSplitter
 from shardpipes.pipes.stream import ShardStream
 from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS
@@ -36,6 +37,8 @@ def tar_shards(
     retries: int = 5,
     cache_dir: str | None = None,
     cache_size: int | str | None = None,
+    max_errors: int | float | None = None,
+    max_member_bytes: int = MAX_MEMBER_BYTES,
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from many tar shards: the notebook's one-tar-per-worker loader.
 
@@ -84,7 +87,13 @@ def tar_shards(
             epochs read them from disk; needs ``cache_size``.
         cache_size: The cache's bound, in bytes or as ``"20GB"`` (least recently used
             shards are evicted).
-        handler: Error policy for every stage (see ``open_tar``).
+        handler: What every stage does with a bad member, sample or shard: ``"raise"``,
+            ``"warn"`` (skip, and warn naming it), ``"ignore"``, a callable
+            ``(exc, context) -> bool``, or a :class:`~shardpipes.ErrorPolicy`. The pipe's
+            ``stats()`` counts what was read and skipped, over all DataLoader workers.
+        max_errors: The epoch's budget of skipped errors, an int or a fraction of the items
+            seen; past it, ``TooManyErrorsError`` (see :class:`~shardpipes.ErrorPolicy`).
+        max_member_bytes: Refuse a member larger than this (1 GiB) before reading it.
 
     Returns:
         A pipe to hand to ``torch.utils.data.DataLoader(pipe, batch_size=…, num_workers=…)``.
@@ -115,4 +124,6 @@ def tar_shards(
         retries=retries,
         cache_dir=cache_dir,
         cache_size=cache_size,
+        max_errors=max_errors,
+        max_member_bytes=max_member_bytes,
     )

@@ -1,6 +1,8 @@
-"""Every case of the corruption corpus through open_tar, decode and a recipe, raising and
-skipping: one clear error naming the shard, member and offset; or the good samples, by key,
-with a warning naming the bad one. Nothing sleeps, hangs or allocates what a size field asks.
+"""Every case of the corruption corpus through open_tar, decode and a recipe.
+
+Raising: one clear error naming the shard, the member and the offset. Skipping: the good
+samples, by key, with a warning naming the bad one. Nothing sleeps, hangs, or allocates
+what a size field asks.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from shardpipes._core.handlers import ShardpipesWarning
 from tests.hostile.corpus import (
     BAD,
     DECODE_CASES,
+    END,
     HEAD,
     KEYS,
     TAR_CASES,
     Case,
     DecodeCase,
     all_but,
+    member,
+    sample,
     with_size,
 )
 
@@ -36,7 +41,8 @@ def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     """Skipping a bad item must not sleep (WebDataset's handler sleeps 0.5 s per error)."""
 
     def sleep(seconds: float) -> None:
-        raise AssertionError(f"time.sleep({seconds}) while reading")
+        msg = f"time.sleep({seconds}) while reading"
+        raise AssertionError(msg)
 
     monkeypatch.setattr(time, "sleep", sleep)
 
@@ -161,22 +167,11 @@ def test_a_1gb_size_field_does_not_allocate_1gb(tmp_path: Path) -> None:
 
 def test_max_member_bytes_refuses_before_reading(tmp_path: Path) -> None:
     """A member over max_member_bytes is refused by its header; the others are read."""
-    big = b"".join([HEAD, sp_member("big.txt", b"x" * (2 << 20)), with_end(KEYS[BAD:])])
+    tail = b"".join(sample(i) for i in range(BAD, len(KEYS))) + END
+    big = HEAD + member("big.txt", b"x" * (2 << 20)) + tail
     url = write(tmp_path, "big", big)
     with pytest.raises(sp.TarFormatError, match="max_member_bytes"):
         list(sp.list_shards(url).open_tar(max_member_bytes=1 << 20))
     pipe = sp.list_shards(url).open_tar(handler="ignore", max_member_bytes=1 << 20)
     assert keys_of(list(pipe)) == KEYS
-    assert keys_of(list(sp.list_shards(url).open_tar())) == KEYS[:BAD] + ["big"] + KEYS[BAD:]
-
-
-def sp_member(name: str, data: bytes) -> bytes:
-    from tests.hostile.corpus import member
-
-    return member(name, data)
-
-
-def with_end(keys: list[str]) -> bytes:
-    from tests.hostile.corpus import END, sample
-
-    return b"".join(sample(KEYS.index(k)) for k in keys) + END
+    assert keys_of(list(sp.list_shards(url).open_tar())) == [*KEYS[:BAD], "big", *KEYS[BAD:]]
