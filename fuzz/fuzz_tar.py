@@ -11,7 +11,8 @@ input that takes over a second is a crash too (libFuzzer's ``-timeout``, and a c
     .venv/bin/python fuzz/fuzz_tar.py -runs=1000 CORPUS_DIR   # any libFuzzer flags
 
 The seed corpus (valid ustar, GNU, pax and gzip tars with long and unicode names, edge
-sizes) is written at start to a temporary folder unless a corpus folder is given.
+sizes) is written at start to the corpus folder given when it is empty, or to a temporary
+folder when none is given.
 """
 
 from __future__ import annotations
@@ -82,12 +83,14 @@ def seeds() -> list[bytes]:
 def main() -> None:
     """Run libFuzzer with the seed corpus (unless a corpus folder is given)."""
     argv = list(sys.argv)
-    if not any(not a.startswith("-") for a in argv[1:]):
-        corpus = tempfile.mkdtemp(prefix="shardpipes-fuzz-")
+    folders = [a for a in argv[1:] if not a.startswith("-")]
+    if not folders:
+        folders = [tempfile.mkdtemp(prefix="shardpipes-fuzz-")]
+        argv.append(folders[0])
+    if not os.listdir(folders[0]):  # an empty corpus starts from the seeds
         for i, seed in enumerate(seeds()):
-            with open(os.path.join(corpus, f"seed-{i}"), "wb") as f:
+            with open(os.path.join(folders[0], f"seed-{i}"), "wb") as f:
                 f.write(seed)
-        argv.append(corpus)
     atheris.Setup(argv, test_one_input)
     atheris.Fuzz()
 

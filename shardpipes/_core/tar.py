@@ -350,7 +350,7 @@ def _members(
         buf, p = reader.buf, reader.pos
         if (
             start < 0
-            and not pax_global
+            and not (pax_global or drop)
             and len(buf) - p >= BLOCK
             and buf[p + 156] in _REGULAR
             and not (buf[p + 345] or buf[p + 135] or buf[p + 154])

@@ -100,3 +100,42 @@ def test_grouping_property(names: list[tuple[str, str]]) -> None:
     got = list(group_samples(ms, url="u"))
     assert [s["__key__"] for s in got] == [run[0][0] for run in runs]
     assert [sorted(s)[2:] for s in got] == [sorted(e for _, e in run) for run in runs]
+
+
+item = st.one_of(
+    st.tuples(st.just("member"), st.sampled_from("abc"), st.sampled_from(["jpg", "cls", "txt"])),
+    st.tuples(st.just("bad"), st.sampled_from("abc"), st.just("jpg")),  # a marked bad member
+    st.tuples(st.just("bad"), st.just(""), st.just("")),  # a bad header with no name
+)
+
+
+@given(st.lists(item, max_size=30))
+def test_grouping_with_bad_members_property(items: list[tuple[str, str, str]]) -> None:
+    """Skipping: no sample that lost a member is ever yielded.
+
+    Every run of equal keys is yielded whole unless it held a duplicate extension or a
+    marked bad member; a nameless mark drops the run it follows and the next one.
+    """
+    ms, runs, run_of = [], [], []  # run_of[i]: the run index of item i (None if nameless)
+    for i, (kind, key, ext) in enumerate(items):
+        if kind == "member":
+            ms.append(Member(f"{key}.{ext}", b"x", i * 1024, i * 1024 + 1024))
+        else:
+            ms.append(Member(f"{key}.{ext}" if key else "", None, i * 1024, -1))
+        if not key:
+            run_of.append(None)
+            continue
+        if not runs or runs[-1]["key"] != key:
+            runs.append({"key": key, "exts": [], "bad": False})
+        run = runs[-1]
+        run["bad"] = run["bad"] or kind == "bad" or ext in run["exts"]
+        run["exts"].append(ext)
+        run_of.append(len(runs) - 1)
+    for i, index in enumerate(run_of):
+        if index is None:  # the run before it (if any) and the next one
+            before = next((r for r in reversed(run_of[:i]) if r is not None), None)
+            for j in (before, (-1 if before is None else before) + 1):
+                if j is not None and j < len(runs):
+                    runs[j]["bad"] = True
+    got = list(group_samples(ms, url="u", handler="ignore"))
+    assert [s["__key__"] for s in got] == [r["key"] for r in runs if not r["bad"]]

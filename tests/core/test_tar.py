@@ -8,11 +8,11 @@ import tarfile
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from shardpipes._core.tar import CHUNK, iter_members
-from shardpipes.errors import TarFormatError
+from shardpipes.errors import StorageError, TarFormatError
 from tests.conftest import add_member
 
 
@@ -178,6 +178,41 @@ class TestErrors:
         with pytest.raises(TarFormatError, match=r"mem://t\.tar"):
             ours(blob[: len(blob) // 2])
 
+    def test_pax_record_longer_than_its_header(self) -> None:
+        """Found by fuzzing: a pax record running past its header's data.
+
+        It was an IndexError; it is a bad pax header, and skipping drops the member it named.
+        """
+        pax = bytearray(
+            tarfile.TarInfo._create_pax_generic_header(  # type: ignore[attr-defined]
+                {"path": "xxxxx.txt"}, tarfile.XHDTYPE, "utf-8"
+            )
+        )
+        at = pax.index(b" path=", 512)
+        pax[at - 2 : at] = b"99"  # the record claims 99 bytes; the header holds 18
+        data = bytes(pax) + build([("a.txt", b"1"), ("b.txt", b"2")])
+        with pytest.raises(TarFormatError, match="bad pax header"):
+            ours(data)
+        errors: list[TarFormatError] = []
+        got = ours(data, on_error=lambda exc, fatal: errors.append(exc))
+        # a marker for the bad header, the member it named marked too (unread), then the rest
+        assert got == [("", None), ("a.txt", None), ("b.txt", b"2")]
+        assert len(errors) == 1
+
+    def test_storage_error_mid_stream_is_not_a_tar_error(self) -> None:
+        """A read failing for good (StorageError) stays one, not 'bad gzip data'."""
+        data = build([(f"{i}.bin", bytes(3000)) for i in range(4)])
+
+        class Failing(io.BytesIO):
+            def read(self, n: int | None = -1) -> bytes:
+                if self.tell() >= 4096:
+                    msg = "reset, retries spent"
+                    raise StorageError(msg, url="mem://t.tar", offset=4096)
+                return super().read(min(n or 4096, 1024))
+
+        with pytest.raises(StorageError, match="retries spent"):
+            list(iter_members(Failing(data), url="mem://t.tar"))
+
     def test_garbage(self) -> None:
         """Random bytes are not a tar."""
         with pytest.raises(TarFormatError):
@@ -209,12 +244,18 @@ sizes = st.one_of(st.integers(0, 2000), st.sampled_from([0, 511, 512, 513, 1024,
 @settings(max_examples=60, deadline=None)
 @given(
     members=st.lists(st.tuples(paths, sizes), max_size=8),
-    fmt=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+    fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
     gz=st.booleans(),
 )
 def test_matches_tarfile(members: list[tuple[str, int]], fmt: int, gz: bool) -> None:
-    """Random archives (unicode, long names, edge sizes) read exactly as tarfile reads them."""
-    data = build([(name, bytes([len(name) % 256]) * size) for name, size in members], fmt)
+    """Random archives read exactly as tarfile reads them, member by member.
+
+    Unicode and long names, edge sizes; ustar, GNU and pax; plain and gzip.
+    """
+    try:
+        data = build([(name, bytes([len(name) % 256]) * size) for name, size in members], fmt)
+    except ValueError:  # ustar cannot hold the name (too long, or not ASCII-encodable)
+        assume(False)
     if gz:
         data = gzip.compress(data)
     assert ours(data) == reference(data)

@@ -45,9 +45,12 @@ def snapshot(root: Path) -> set[str]:
 def test_reading_writes_nothing_outside_the_cache(
     tmp_path: Path, make_shards: Callable[..., Dataset]
 ) -> None:
-    """Recipes run in a read-only working directory with an empty HOME and TMPDIR: after
+    """Reading writes nothing outside the cache folder.
+
+    Recipes run in a read-only working directory with an empty HOME and TMPDIR; after
     reading good and hostile shards (``../`` and absolute member names), the only new files
-    are in the cache folder."""
+    are in the cache folder.
+    """
     data = make_shards(2, 8, images=True)
     shards = Path(data.urls[0]).parent
     hostile = member("../escape.txt", b"x") + member("/tmp/abs.txt", b"y")
