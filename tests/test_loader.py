@@ -185,3 +185,10 @@ def test_tar_shards_decode_threads_with_workers(make_shards: Callable[..., Datas
     batches = load(pipe, 2)
     ids = [pixel_id(img) for images, _ in batches for img in images]
     assert Counter(ids) == Counter(range(len(data.keys)))
+
+
+def test_indexed_tar_index_is_a_url(make_shards: Callable[..., Dataset]) -> None:
+    """indexed_tar's index is the sidecar's URL: anything else is refused up front."""
+    data = make_shards(1, 3)
+    with pytest.raises(TypeError, match="index must be the URL of the index sidecar"):
+        sp.recipes.indexed_tar(data.urls[0], index=True)  # type: ignore[arg-type]

@@ -144,7 +144,11 @@ class _Reader:
         self.base += len(self.buf)
         self.buf, self.pos = b"", 0
         if self.seekable and (seek or rest > CHUNK) and (self.left is None or rest <= self.left):
-            self.stream.seek(rest, 1)  # a seek past the end shows as EOF at the next header
+            try:
+                self.stream.seek(rest, 1)  # a seek past the end shows as EOF at the next header
+            except (OverflowError, ValueError):  # a size no stream has: go to the end
+                self.stream.seek(0, 2)
+                return False
             self.base += rest
             if self.left is not None:
                 self.left -= rest

@@ -66,6 +66,9 @@ def indexed_tar(
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
     """
+    if index is not None and not isinstance(index, str):
+        msg = f"index must be the URL of the index sidecar, or None (got {index!r})"
+        raise TypeError(msg)
     return one_tar(
         url,
         index={url: index} if index is not None else True,

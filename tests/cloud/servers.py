@@ -243,7 +243,7 @@ class SeaweedS3(BucketStore):
         key: str = TEST_KEY,
         secret: str = TEST_SECRET,
         weed: str | None = None,
-        ready_timeout: float = 15.0,
+        ready_timeout: float = 60.0,
     ) -> None:
         self.workdir = workdir
         self.key = key
@@ -425,7 +425,7 @@ class StaticHTTP(Service):
         (self.root / name).mkdir()
         return name
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         """Start the server process; return once it listens."""
         self.port = free_port_pairs(1)[0]
         command = [sys.executable, "-c", _SERVE_STATIC, str(self.port), str(self.root)]

@@ -199,7 +199,7 @@ class FakeGCS(_Subprocess):
     scheme = "gs"
 
     def __init__(
-        self, workdir: Path, *, binary: Path | None = None, ready_timeout: float = 10.0
+        self, workdir: Path, *, binary: Path | None = None, ready_timeout: float = 60.0
     ) -> None:
         super().__init__(workdir, ready_timeout=ready_timeout)
         self.binary = binary or fake_gcs_binary()
@@ -280,7 +280,7 @@ class Azurite(_Subprocess):
     scheme = "az"
 
     def __init__(
-        self, workdir: Path, *, binary: Path = AZURITE_BIN, ready_timeout: float = 15.0
+        self, workdir: Path, *, binary: Path = AZURITE_BIN, ready_timeout: float = 60.0
     ) -> None:
         super().__init__(workdir, ready_timeout=ready_timeout)
         self.binary = binary

@@ -213,6 +213,17 @@ class TestErrors:
         with pytest.raises(StorageError, match="retries spent"):
             list(iter_members(Failing(data), url="mem://t.tar"))
 
+    @pytest.mark.parametrize("kind", [b"Q", b"S"])  # an unknown type, a sparse file
+    def test_skipped_member_with_an_absurd_size(self, kind: bytes) -> None:
+        """A member skipped unread whose size no stream has: a TarFormatError, no overflow."""
+        head = bytearray(build([("a.txt", b"1")])[:512])
+        head[156:157] = kind
+        head[124:136] = b"\x80" + (1 << 80).to_bytes(11, "big")
+        head[148:156] = b" " * 8
+        head[148:156] = b"%06o\0 " % sum(head)
+        with pytest.raises(TarFormatError, match="no end-of-archive"):
+            ours(bytes(head) + build([("b.txt", b"2")]))
+
     def test_garbage(self) -> None:
         """Random bytes are not a tar."""
         with pytest.raises(TarFormatError):
