@@ -30,6 +30,7 @@ from shardpipes.errors import (
     TooManyErrorsError,
     UnsafeDataError,
 )
+from shardpipes.pipes._epoch import pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
@@ -72,6 +73,7 @@ __all__ = [
     "build_index",
     "collate_samples",
     "list_shards",
+    "pipe_stats",
     "read_index",
     "recipes",
     "set_epoch",

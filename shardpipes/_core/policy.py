@@ -79,6 +79,17 @@ class Stats:
     shards: int = 0
     shards_failed: int = 0
 
+    def __add__(self, other: Stats) -> Stats:
+        reasons = {r: self.skipped.get(r, 0) + other.skipped.get(r, 0) for r in REASONS}
+        return Stats(
+            read=self.read + other.read,
+            yielded=self.yielded + other.yielded,
+            errors=self.errors + other.errors,
+            skipped={r: n for r, n in reasons.items() if n},
+            shards=self.shards + other.shards,
+            shards_failed=self.shards_failed + other.shards_failed,
+        )
+
     def __str__(self) -> str:
         why = ", ".join(f"{k} {v}" for k, v in self.skipped.items())
         return (

@@ -37,7 +37,7 @@ from shardpipes.pipes.shards import ShardSplitter
 if TYPE_CHECKING:
     from shardpipes.pipes.tar import ShardReader
 
-__all__ = ["VERSION", "EpochRun", "ResumableReading", "splitters"]
+__all__ = ["VERSION", "EpochRun", "ResumableReading", "pipe_stats", "splitters"]
 
 VERSION = 1
 
@@ -197,6 +197,26 @@ def _rng_state(rng: random.Random) -> list[Any]:
 def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
     return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+
+
+def pipe_stats(pipe: IterDataPipe[Any]) -> Stats:
+    """What the reading stages upstream of ``pipe`` read and skipped in the last epoch.
+
+    The counts of each stage's :class:`~shardpipes.ErrorPolicy` (one policy given to several
+    stages counts once), summed over the DataLoader workers; for a chain whose last stage
+    has no ``stats()`` of its own.
+
+    Example:
+        >>> import shardpipes as sp
+        >>> sp.pipe_stats(sp.list_shards(["a.tar"]).open_tar().batch(2)).read
+        0
+    """
+    policies = {
+        id(s.reader.policy): s.reader.policy
+        for s in get_all_graph_pipes(traverse_dps(pipe))
+        if isinstance(s, ResumableReading)
+    }
+    return sum((p.stats() for p in policies.values()), Stats())
 
 
 class ResumableReading:

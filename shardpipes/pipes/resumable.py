@@ -11,7 +11,8 @@ from torch.utils.data.datapipes.iter import Batcher, Filter, IterableWrapper, Ma
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.pipes._epoch import VERSION, ResumableReading
+from shardpipes._core.policy import Stats
+from shardpipes.pipes._epoch import VERSION, ResumableReading, pipe_stats
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.shards import (
@@ -93,6 +94,10 @@ class Resumable(IterableDataset[T]):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of every ``split_shards`` stage of the pipe."""
         set_epoch(self.pipe, epoch)
+
+    def stats(self) -> Stats:
+        """What the pipe read and skipped in the last epoch, over all the loader's workers."""
+        return pipe_stats(self.pipe)
 
     def state_dict(self) -> dict[str, Any]:
         """The states of the pipe's reading stages (``open_tar``, ``ShardStream``)."""

@@ -84,6 +84,18 @@ class TestStats:
         assert stats.skipped == {"tar": 1, "decode": 1}
         assert (stats.read, stats.yielded) == (59, 58)
 
+    @pytest.mark.slow
+    def test_through_resumable_and_stateful_dataloader(self, tmp_path: Path) -> None:
+        """Resumable.stats() and sp.pipe_stats() find the counts behind wrappers and stages."""
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        urls = bucket(tmp_path, bad=("bad_header_checksum",))
+        chain = sp.list_shards(urls).split_shards().open_tar(handler="ignore").batch(4)
+        wrapped = sp.Resumable(chain)
+        got = sum(len(b) for b in StatefulDataLoader(wrapped, batch_size=None, num_workers=2))
+        assert got == wrapped.stats().yielded == sp.pipe_stats(chain).read == 49
+        assert wrapped.stats().skipped == {"tar": 1}
+
     def test_str(self) -> None:
         """Stats print on one line, reasons included."""
         stats = sp.Stats(read=10, yielded=8, errors=2, skipped={"tar": 2}, shards=3)
