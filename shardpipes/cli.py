@@ -229,7 +229,7 @@ def _inspect(args: argparse.Namespace) -> int:
     table = default_decoders("pil")
     counts, sizes = Counter[str](), defaultdict[str, int](int)
     for url in urls:
-        for sample, start, _, _ in reader.samples(url, spans=True):
+        for sample in reader.samples(url):
             for ext, data in sample.items():
                 if ext.startswith("__"):
                     continue
@@ -239,7 +239,6 @@ def _inspect(args: argparse.Namespace) -> int:
                     try:
                         decode_field(sample, ext, table)
                     except DecodeError as exc:
-                        exc.offset = start  # where the sample starts
                         policy.handle(exc, stage="decode", url=exc.url, member=exc.member)
     stats = policy.stats()
     print(f"shards: {len(urls)}\nsamples: {stats.read}")

@@ -365,4 +365,5 @@ def located(exc: Exception, sample: Mapping[str, Any], field: str) -> DecodeErro
         problem, cls = exc.problem, type(exc)
     else:
         problem, cls = f"cannot decode {field!r}: {type(exc).__name__}: {exc}", DecodeError
-    return cls(problem, url=sample.get("__url__"), member=member, key=key)
+    offset = getattr(sample, "offset", None)  # a ShardSample knows where it starts
+    return cls(problem, url=sample.get("__url__"), member=member, key=key, offset=offset)

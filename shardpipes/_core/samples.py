@@ -16,9 +16,24 @@ from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.tar import Member
 from shardpipes.errors import TarFormatError
 
-__all__ = ["Located", "PartFilter", "group_samples", "split_name"]
+__all__ = ["Located", "PartFilter", "ShardSample", "group_samples", "split_name"]
 
 Sample = dict[str, Any]
+
+
+class ShardSample(dict):  # type: ignore[type-arg]
+    """A sample dict as read from a shard, knowing where it starts: ``offset``.
+
+    A plain ``dict`` in every other way (equal to one, pickled with its offset); the
+    offset is not an entry, so samples stay WebDataset's format. Errors about the sample
+    (a failed decode, a missing field) give it as their byte offset.
+    """
+
+    __slots__ = ("offset",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offset: int | None = None
 
 
 class Located(NamedTuple):
@@ -133,8 +148,9 @@ def group_samples(
                     sample, bad_key = None, key
                 continue
             if sample is None:
-                sample, bad_key = {"__key__": key, "__url__": url}, None
-                start, mine = member.offset, index
+                sample, bad_key = ShardSample(__key__=key, __url__=url), None
+                start = sample.offset = member.offset
+                mine = index
             if ext in sample:
                 _duplicate(handler, url, member, key, ext)
                 sample, bad_key = None, key

@@ -42,7 +42,12 @@ def pick(sample: Mapping[str, Any], alternatives: tuple[str, ...]) -> str:
     wanted = " or ".join(repr(name) for name in alternatives)
     present = sorted(name for name in sample if not name.startswith("__"))
     problem = f"no field {wanted}; the sample has {present}"
-    raise MissingFieldError(problem, url=sample.get("__url__"), key=sample.get("__key__"))
+    raise MissingFieldError(
+        problem,
+        url=sample.get("__url__"),
+        key=sample.get("__key__"),
+        offset=getattr(sample, "offset", None),  # a ShardSample knows where it starts
+    )
 
 
 @functional_datapipe("to_tuple")

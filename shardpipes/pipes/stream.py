@@ -177,7 +177,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
 
     def _finish(self, loc: Located) -> Any:
         """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
-        sample = loc[0]
+        sample = loc[0]  # errors get its offset from the sample (a ShardSample)
         try:
             if not self._alternatives:
                 out: Any = {field: decode_field(sample, field, self._table) for field in sample}
@@ -200,10 +200,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 values[0] = self.transform(values[0])
             return tuple(values)
         except MissingFieldError as exc:
-            exc.offset = loc[1]  # where the sample starts in its shard
             handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
         except DecodeError as exc:
-            exc.offset = loc[1]
             context = {"url": exc.url, "member": exc.member, "key": exc.key}
             handle(self.handler, exc, stage="decode", **context)
         return _SKIPPED

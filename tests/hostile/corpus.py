@@ -242,13 +242,14 @@ class DecodeCase:
     error: type[Exception]
     match: str
 
-    def data(self) -> bytes:
-        def extra(i: int) -> dict[str, bytes]:
-            if i == BAD:
-                return {self.ext: self.bad}
-            return {self.ext: self.good(i)} if self.good is not None else {}
+    def extra(self, i: int) -> dict[str, bytes]:
+        """The member of the case's extension in sample ``i`` (none, or a good one)."""
+        if i == BAD:
+            return {self.ext: self.bad}
+        return {self.ext: self.good(i)} if self.good is not None else {}
 
-        return samples(range(N), extra) + END
+    def data(self) -> bytes:
+        return samples(range(N), self.extra) + END
 
 
 DECODE_CASES: dict[str, DecodeCase] = {

@@ -30,6 +30,7 @@ from tests.hostile.corpus import (
     all_but,
     member,
     sample,
+    samples,
     with_size,
 )
 
@@ -134,12 +135,13 @@ class TestDecodeCases:
         """The decoder's failure as a DecodeError (or UnsafeDataError) naming the member."""
         case = DECODE_CASES[name]
         url = write(tmp_path, name, case.data())
-        for reader, read in self.readers(case).items():
+        for read in self.readers(case).values():
             with pytest.raises(case.error) as info:
                 read(url, "raise")
             check_error(info.value, url, f"{KEYS[BAD]}.{case.ext}", case.match)
-            if reader == "recipe":  # the fused recipe knows where the sample starts
-                assert info.value.offset is not None  # type: ignore[attr-defined]
+            # the byte offset where the sample starts
+            assert f"at byte {info.value.offset}" in str(info.value)  # type: ignore[attr-defined]
+            assert info.value.offset == len(samples(range(BAD), case.extra))  # type: ignore[attr-defined]
 
     def test_skip(self, tmp_path: Path, name: str) -> None:
         """Skipping: the nine other samples, one warning naming the member."""
