@@ -56,7 +56,7 @@ def test_without_check_a_bad_shard_is_an_error(
 
 
 def test_bench_counts_what_it_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """bench --handler ignore runs over bad data and prints what was skipped."""
+    """Bench with --handler ignore runs over bad data and prints what was skipped."""
     pattern = folder(tmp_path, "bad_header_checksum")
     assert main(["bench", pattern, "--workers", "0", "--handler", "ignore"]) == 0
     out = capsys.readouterr().out
