@@ -29,11 +29,9 @@ class ShardSample(dict):  # type: ignore[type-arg]
     (a failed decode, a missing field) give it as their byte offset.
     """
 
-    __slots__ = ("offset",)
+    __slots__ = ("offset",)  # set by group_samples; read with getattr(s, "offset", None)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.offset: int | None = None
+    offset: int
 
 
 class Located(NamedTuple):
