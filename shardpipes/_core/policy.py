@@ -41,6 +41,7 @@ _COLUMNS = ("read", "dropped", "errors", "shards", "shards_failed", *REASONS)
 _COL = {name: i for i, name in enumerate(_COLUMNS)}
 _WIDTH = len(_COLUMNS)
 _ROWS = 1024  # DataLoader workers per process; row _ROWS holds the latest run's worker count
+_BYTES = (_ROWS + 1) * _WIDTH * 8
 
 
 def reason(exc: BaseException) -> str:
@@ -108,11 +109,10 @@ class _Counters:
     """
 
     def __init__(self) -> None:
-        size = (_ROWS + 1) * _WIDTH * 8
         try:
-            shm = shared_memory.SharedMemory(create=True, size=size)
+            shm = shared_memory.SharedMemory(create=True, size=_BYTES)
         except OSError:
-            self._name, self._view = None, memoryview(bytearray(size)).cast("q")
+            self._name, self._view = None, _private()
             return
         self._name = shm.name
         self._attach(shm, owner=True)
@@ -131,13 +131,12 @@ class _Counters:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._name = state["name"]
         if self._name is None:
-            self._view = memoryview(bytearray(state["data"])).cast("q")
+            self._view = _private(state["data"])
             return
         try:
             shm = shared_memory.SharedMemory(name=self._name)
         except OSError:  # gone (its owner was collected): count privately
-            self._name = None
-            self._view = memoryview(bytearray((_ROWS + 1) * _WIDTH * 8)).cast("q")
+            self._name, self._view = None, _private()
             return
         self._attach(shm, owner=False)
 
@@ -159,6 +158,11 @@ class _Counters:
     def total(self, column: str) -> int:
         workers = max(1, min(_ROWS, int(self._view[_ROWS * _WIDTH])))
         return sum(int(self._view[r * _WIDTH + _COL[column]]) for r in range(workers))
+
+
+def _private(data: bytes = bytes(_BYTES)) -> memoryview:
+    """A table in this process's memory only (no shared memory, or it is gone)."""
+    return memoryview(bytearray(data)).cast("q")
 
 
 def _release(view: memoryview, shm: shared_memory.SharedMemory, owner: bool) -> None:

@@ -13,6 +13,7 @@ It also decodes only the fields it keeps.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,7 +28,7 @@ from shardpipes._core.decoders import (
     decoder_for,
     located,
 )
-from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
@@ -123,7 +124,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             raise ValueError(msg)
         self.threads = threads
         self.buffer_size = buffer_size
-        self.handler = as_policy(check_handler(handler), max_errors)
+        self.handler = as_policy(handler, max_errors)  # ErrorPolicy checks the handler
         self.reader = ShardReader(
             storage_options=storage_options, handler=self.handler, index=index,
             retries=retries, cache_dir=cache_dir, cache_size=cache_size,
@@ -175,9 +176,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 yield collate_samples(batch)
         self._ended()
 
-    def _finish(self, loc: Located) -> Any:
+    def _finish(self, sample: dict[str, Any]) -> Any:
         """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
-        sample = loc[0]  # errors get its offset from the sample (a ShardSample)
         try:
             if not self._alternatives:
                 out: Any = {field: decode_field(sample, field, self._table) for field in sample}
@@ -208,7 +208,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
 
     def _finished(self, located: Iterator[Located]) -> Iterator[Any]:
         if self.threads < 2:
-            finished: Iterator[Any] = map(self._finish, located)
+            finished: Iterator[Any] = map(self._finish, map(_sample, located))
         else:
             finished = self._threaded(located)
         return (out for out in finished if out is not _SKIPPED)
@@ -221,7 +221,10 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 epoch = self._epoch
                 assert epoch is not None  # located() has begun
                 epoch.chunk, epoch.chunk_done = chunk, 0  # in flight, for state_dict
-                for out in pool.map(self._finish, chunk):
+                for out in pool.map(self._finish, map(_sample, chunk)):
                     epoch.chunk_done += 1
                     yield out
                 epoch.chunk = []
+
+
+_sample = operator.itemgetter(0)  # Located -> its sample

@@ -11,7 +11,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes import fs
 from shardpipes._cache import ShardCache, cache_bytes
-from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import Located, PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
@@ -92,7 +92,7 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
     ) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
-        policy = as_policy(check_handler(handler), max_errors)
+        policy = as_policy(handler, max_errors)  # ErrorPolicy checks the handler
         self.reader = ShardReader(
             storage_options=storage_options, handler=policy, index=index, retries=retries,
             cache_dir=cache_dir, cache_size=cache_size, max_member_bytes=max_member_bytes,
@@ -136,8 +136,7 @@ class ShardReader:
         self.storage_options = dict(storage_options or {})
         self.retry = RetryPolicy(retries=retries)
         self.cache = _cache(cache_dir, cache_size)
-        self.policy = as_policy(check_handler(handler))
-        self.handler = self.policy  # handle(self.handler, ...) counts through the policy
+        self.policy = as_policy(handler)
         if not isinstance(index, bool | Mapping):
             msg = f"index must be a bool or a mapping of shard URL to index URL (got {index!r})"
             raise TypeError(msg)
