@@ -30,6 +30,7 @@ from shardpipes.errors import (
     TooManyErrorsError,
     UnsafeDataError,
 )
+from shardpipes.pipes import _loader
 from shardpipes.pipes._epoch import pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
@@ -37,8 +38,11 @@ from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.index import build_index, read_index, write_index
 from shardpipes.pipes.resumable import Resumable
 from shardpipes.pipes.shards import ShardLister, ShardSplitter, set_epoch
+from shardpipes.pipes.shuffle import SampleShuffler
 from shardpipes.pipes.stream import ShardStream
 from shardpipes.pipes.tar import TarOpener
+
+_loader.install()  # the plain StatefulDataLoader(pipe) resumes exactly
 
 __version__ = "0.1.0"
 
@@ -53,6 +57,7 @@ __all__ = [
     "NoShardsError",
     "Resumable",
     "SampleDecoder",
+    "SampleShuffler",
     "ShardIndexError",
     "ShardLister",
     "ShardNotFoundError",

@@ -290,7 +290,10 @@ def test_open_tar_resumes_on_its_own(shards: Dataset) -> None:
 
 @pytest.mark.parametrize(
     ("state", "match"),
-    [({"version": 2}, "not a Resumable state"), ({"version": 1, "stages": []}, "has 0 reading")],
+    [
+        ({"version": 2}, "not a shardpipes pipeline state"),
+        ({"version": 1, "stages": []}, "has 0 reading"),
+    ],
 )
 def test_foreign_resumable_state_is_refused(shards: Dataset, state: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):

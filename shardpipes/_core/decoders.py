@@ -28,6 +28,7 @@ import numpy
 import PIL.Image
 import PIL.ImageFile
 
+from shardpipes._core.samples import ShardSample
 from shardpipes.errors import DecodeError, UnsafeDataError
 
 __all__ = [
@@ -338,7 +339,11 @@ def decode_sample(sample: Mapping[str, Any], table: Mapping[str, Decoder | None]
         >>> decode_sample({"__key__": "a", "cls": b"3", "x": b"?"}, default_decoders())
         {'__key__': 'a', 'cls': 3, 'x': b'?'}
     """
-    return {field: decode_field(sample, field, table) for field in sample}
+    decoded = ShardSample((field, decode_field(sample, field, table)) for field in sample)
+    offset = getattr(sample, "offset", None)
+    if offset is not None:
+        decoded.offset = offset
+    return decoded
 
 
 def decode_field(sample: Mapping[str, Any], field: str, table: Mapping[str, Decoder | None]) -> Any:

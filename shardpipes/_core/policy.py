@@ -15,17 +15,13 @@ when its epoch begins. Ranks of a distributed job each count their own workers.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
 from typing import Any
 
-from torch.utils.data import get_worker_info
-
 from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.shared import ROWS, SharedTable
 from shardpipes.errors import (
     DecodeError,
     MissingFieldError,
@@ -37,11 +33,9 @@ from shardpipes.errors import (
 __all__ = ["REASONS", "ErrorPolicy", "Stats", "as_policy", "reason"]
 
 REASONS = ("tar", "decode", "unsafe", "missing_field", "storage", "other")
-_COLUMNS = ("read", "dropped", "errors", "shards", "shards_failed", *REASONS)
+_COLUMNS = ("read", "dropped", "errors", "shards", "shards_failed", *REASONS, "runs", "ended")
 _COL = {name: i for i, name in enumerate(_COLUMNS)}
 _WIDTH = len(_COLUMNS)
-_ROWS = 1024  # DataLoader workers per process; row _ROWS holds the latest run's worker count
-_BYTES = (_ROWS + 1) * _WIDTH * 8
 
 
 def reason(exc: BaseException) -> str:
@@ -101,76 +95,42 @@ class Stats:
 
 
 class _Counters:
-    """A table of int64 counters in shared memory: one row per DataLoader worker.
+    """The counters in a :class:`SharedTable`: one row per DataLoader worker.
 
-    Pickled (for ``spawn`` workers) as the segment's name; a ``fork`` worker uses the
-    inherited mapping. Where shared memory is unavailable the table is private to each
-    process (the counts of workers are then not seen by the parent).
+    Each row also holds how many epochs its worker has begun (``runs``) and whether the
+    current one has ended, so that the last worker to end knows that it is the last.
+    The header row holds how many workers the current run has.
     """
 
     def __init__(self) -> None:
-        try:
-            shm = shared_memory.SharedMemory(create=True, size=_BYTES)
-        except OSError:
-            self._name, self._view = None, _private()
-            return
-        self._name = shm.name
-        self._attach(shm, owner=True)
-
-    def _attach(self, shm: shared_memory.SharedMemory, *, owner: bool) -> None:
-        buf = shm.buf
-        assert buf is not None  # an open segment
-        self._view = buf.cast("q")
-        weakref.finalize(self, _release, self._view, shm, owner)
-
-    def __getstate__(self) -> dict[str, Any]:
-        if self._name is None:
-            return {"name": None, "data": self._view.tobytes()}
-        return {"name": self._name}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._name = state["name"]
-        if self._name is None:
-            self._view = _private(state["data"])
-            return
-        try:
-            shm = shared_memory.SharedMemory(name=self._name)
-        except OSError:  # gone (its owner was collected): count privately
-            self._name, self._view = None, _private()
-            return
-        self._attach(shm, owner=False)
+        self._table = SharedTable(_WIDTH)
 
     def add(self, row: int, column: str, n: int = 1) -> None:
-        # released: a reading generator closed after its pipe was collected
-        with contextlib.suppress(ValueError):
-            self._view[row * _WIDTH + _COL[column]] += n
+        self._table.add(row, _COL[column], n)
 
     def get(self, row: int, column: str) -> int:
-        return int(self._view[row * _WIDTH + _COL[column]])
+        return self._table.get(row, _COL[column])
 
     def begin(self, row: int, workers: int) -> None:
-        """Clear ``row`` and record how many rows the current run uses."""
-        base = row * _WIDTH
-        for i in range(_WIDTH):
-            self._view[base + i] = 0
-        self._view[_ROWS * _WIDTH] = workers
+        """Clear ``row``'s counts for a new epoch; record how many rows the run uses."""
+        runs = self.get(row, "runs")
+        self._table.clear(row)
+        self._table.set(row, _COL["runs"], runs + 1)
+        self._table.set(ROWS, 0, workers)
+
+    def workers(self) -> int:
+        return max(1, min(ROWS, self._table.get(ROWS, 0)))
 
     def total(self, column: str) -> int:
-        workers = max(1, min(_ROWS, int(self._view[_ROWS * _WIDTH])))
-        return sum(int(self._view[r * _WIDTH + _COL[column]]) for r in range(workers))
+        return sum(self.get(r, column) for r in range(self.workers()))
 
-
-def _private(data: bytes = bytes(_BYTES)) -> memoryview:
-    """A table in this process's memory only (no shared memory, or it is gone)."""
-    return memoryview(bytearray(data)).cast("q")
-
-
-def _release(view: memoryview, shm: shared_memory.SharedMemory, owner: bool) -> None:
-    view.release()
-    shm.close()
-    if owner:
-        with contextlib.suppress(FileNotFoundError):
-            shm.unlink()
+    def end(self, row: int) -> bool:
+        """Mark ``row``'s epoch ended; whether every worker of the run has now ended it."""
+        self._table.set(row, _COL["ended"], 1)
+        runs = self.get(row, "runs")
+        return all(
+            self.get(r, "ended") and self.get(r, "runs") == runs for r in range(self.workers())
+        )
 
 
 class ErrorPolicy:
@@ -182,11 +142,11 @@ class ErrorPolicy:
             returning ``True`` to skip.
         max_errors: The budget of skipped errors per epoch, past which the pipeline raises
             :class:`~shardpipes.errors.TooManyErrorsError`: an ``int`` (that many errors
-            are allowed, summed over the DataLoader workers), or a ``float`` in (0, 1), a
-            fraction of the items seen (samples read plus errors). A fraction is checked
-            at each error once the counts cover ``1 / max_errors`` items, and by each
-            worker at the end of its epoch on its own counts (so a worker that read
-            nothing but errors fails). ``None`` (default): no budget.
+            are allowed, summed over the DataLoader workers: checked at each error), or a
+            ``float`` in (0, 1), a fraction of the items seen (samples read plus errors),
+            checked at the end of the epoch on the counts summed over all the workers
+            (by the last worker to end), so that the outcome does not depend on the
+            number of workers. ``None`` (default): no budget.
 
     Example:
         >>> policy = ErrorPolicy("ignore", max_errors=1)  # doctest: +ELLIPSIS
@@ -221,11 +181,15 @@ class ErrorPolicy:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def begin(self) -> None:
-        """Start an epoch in this process (a source stage calls it from ``__iter__``)."""
-        info = get_worker_info()
-        self._row = 0 if info is None else info.id % _ROWS
-        self._counters.begin(self._row, 1 if info is None else info.num_workers)
+    def begin(self, worker: int = 0, workers: int = 1) -> None:
+        """Start an epoch in this process (a source stage calls it from ``__iter__``).
+
+        Args:
+            worker: This DataLoader worker's id (0 without workers).
+            workers: How many DataLoader workers share the counts.
+        """
+        self._row = worker % ROWS
+        self._counters.begin(self._row, workers)
 
     def count(self, column: str, n: int = 1) -> None:
         """Add ``n`` to one of this worker's counters (``read``, ``shards``…)."""
@@ -247,24 +211,23 @@ class ErrorPolicy:
             if context.get("stage", "open_tar") != "open_tar":
                 counters.add(row, "dropped")
         budget = self.max_errors
-        if budget is None:
-            return
-        errors = counters.total("errors")
-        if isinstance(budget, int):
+        if isinstance(budget, int):  # a fraction is decided at the end (see end())
+            errors = counters.total("errors")
             if errors > budget:
                 raise TooManyErrorsError(_budget_problem(errors, budget, exc)) from exc
-            return
-        seen = counters.total("read") + errors
-        if seen * budget >= 1 and errors > budget * seen:
-            raise TooManyErrorsError(_budget_problem(errors, budget, exc, seen)) from exc
 
     def end(self) -> None:
-        """At the end of this worker's epoch: a fractional budget, on its own counts."""
+        """At the end of this worker's epoch: a fractional budget, once every worker ended.
+
+        The last worker to end decides on the counts summed over all of them, so the
+        outcome is the same for any number of DataLoader workers.
+        """
+        last = self._counters.end(self._row)
         budget = self.max_errors
-        if not isinstance(budget, float):
+        if not isinstance(budget, float) or not last:
             return
-        errors = self._counters.get(self._row, "errors")
-        seen = self._counters.get(self._row, "read") + errors
+        errors = self._counters.total("errors")
+        seen = self._counters.total("read") + errors
         if errors > budget * seen:
             raise TooManyErrorsError(_budget_problem(errors, budget, None, seen))
 

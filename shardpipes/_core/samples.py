@@ -16,7 +16,14 @@ from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.tar import Member
 from shardpipes.errors import TarFormatError
 
-__all__ = ["Located", "PartFilter", "ShardSample", "group_samples", "split_name"]
+__all__ = [
+    "Located",
+    "PartFilter",
+    "SampleTuple",
+    "ShardSample",
+    "group_samples",
+    "split_name",
+]
 
 Sample = dict[str, Any]
 
@@ -32,6 +39,16 @@ class ShardSample(dict):  # type: ignore[type-arg]
     __slots__ = ("offset",)  # set by group_samples; read with getattr(s, "offset", None)
 
     offset: int
+
+
+class SampleTuple(tuple):  # type: ignore[type-arg]
+    """A sample's fields picked into a tuple (``to_tuple``, the recipes): a plain ``tuple``.
+
+    Its own type so that a DataLoader batching it (``batch_size=N``) collates it with
+    :func:`~shardpipes.collate_samples`, whose errors say what to do.
+    """
+
+    __slots__ = ()
 
 
 class Located(NamedTuple):

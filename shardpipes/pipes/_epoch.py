@@ -19,27 +19,91 @@ again, beyond the buffer's samples and the rest of the cursor's read block.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import IterDataPipe
+import torch
+from torch.utils.data import IterDataPipe, get_worker_info
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.policy import Stats
 from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
-from shardpipes.pipes.shards import ShardSplitter
+from shardpipes.pipes.shards import ShardSplitter, worker_placement
 
 if TYPE_CHECKING:
     from shardpipes.pipes.tar import ShardReader
 
-__all__ = ["VERSION", "EpochRun", "ResumableReading", "pipe_stats", "splitters"]
+__all__ = [
+    "VERSION",
+    "EpochRun",
+    "ResumableReading",
+    "ShuffleBuffer",
+    "Shuffling",
+    "buffer_seed",
+    "pipe_stats",
+    "splitters",
+]
 
 VERSION = 1
+
+Shuffling = tuple[int, "int | Callable[[], int]"]  # (buffer size, seed or a function of it)
+
+
+class ShuffleBuffer:
+    """The shuffle-buffer settings of a stage (``ShardStream``, ``shuffle_samples``).
+
+    Args:
+        size: Samples held; below 2, no shuffling.
+        seed: A fixed seed (see :func:`buffer_seed`), or ``None``.
+    """
+
+    def __init__(self, size: int, seed: int | None) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            msg = f"buffer_size must be a non-negative int (got {size!r})"
+            raise ValueError(msg)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            msg = f"seed must be an int or None (got {seed!r})"
+            raise TypeError(msg)
+        self.size, self.seed = size, seed
+        self.enabled = True  # DataLoader(shuffle=False) turns it off
+        self.shared: int | None = None  # the DataLoader's seed for the next epoch
+
+    def __repr__(self) -> str:
+        return f"ShuffleBuffer(size={self.size}, seed={self.seed}, enabled={self.enabled})"
+
+    def shuffling(self, source: IterDataPipe[Any]) -> Shuffling:
+        """``(size, seed function)`` for the epoch that begins; the DataLoader's seed is used up."""
+        shared, self.shared = self.shared, None  # a later epoch without set_seed: a fresh seed
+        if not self.enabled or self.size < 2:
+            return 0, 0
+        return self.size, functools.partial(buffer_seed, source, self.seed, shared)
+
+
+def buffer_seed(source: IterDataPipe[Any], fixed: int | None, shared: int | None) -> int:
+    """The seed of a worker's shuffle buffer for the epoch that has just been planned.
+
+    A function of ``(seed, epoch, this worker's global index)``: the seed is ``fixed`` (the
+    stage's own), else the fixed ``seed`` of the ``split_shards`` stage upstream, else
+    ``shared`` (the DataLoader's seed, the same in every worker); the worker's index
+    makes the workers' buffers differ. With none of those (no DataLoader), a fresh seed
+    from torch's generator, as torch's ``shuffle`` takes.
+    """
+    stages = splitters(source)
+    used = stages[0].used() if stages else None
+    if fixed is None and stages and stages[0].seed is not None:
+        fixed = stages[0].seed
+    base = fixed if fixed is not None else shared
+    if base is None:
+        return int(torch.empty((), dtype=torch.int64).random_().item())
+    epoch, worker = (used["epoch"], used["worker"]) if used else (0, worker_placement()[1])
+    digest = hashlib.sha256(f"buffer:{base}:{epoch}:{worker}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
 
 class EpochRun:
@@ -49,7 +113,9 @@ class EpochRun:
         reader: Reads parts (with byte spans) and re-reads samples by range.
         parts: This worker's parts for the epoch, in order (read lazily).
         buffer_size: Shuffle buffer size; below 2, no shuffling.
-        seed: Seed of the buffer's generator (``None``: from the OS).
+        seed: Seed of the buffer's generator, or a function giving it, called when the
+            first part has been taken (once the split, hence the epoch and the worker, is
+            known).
         position: A saved :meth:`position` to resume from.
     """
 
@@ -59,13 +125,16 @@ class EpochRun:
         parts: Iterable[ShardPart],
         *,
         buffer_size: int,
-        seed: int | None,
+        seed: int | Callable[[], int],
         position: Mapping[str, Any] | None = None,
     ) -> None:
         self.reader = reader
         self.parts = parts
         self.size = buffer_size if buffer_size >= 2 else 0
-        self.rng = random.Random(seed)
+        self.rng = random.Random(0)
+        self.seed = seed  # a function: called at the first part (not when restoring)
+        if not callable(seed):
+            self.rng.seed(seed)
         self.taken = 0  # parts taken from `parts`; the last one is being read
         self.digest = hashlib.sha1(usedforsecurity=False)  # of the parts taken
         self.last: Located | None = None  # the last sample read from the part being read
@@ -117,6 +186,8 @@ class EpochRun:
         if self.draining:
             return
         for n, part in enumerate(self.parts, start=1):
+            if n == 1 and saved is None and self.size and callable(self.seed):
+                self.rng.seed(self.seed())
             self.digest.update(repr(tuple(part)).encode())
             if n < skip:
                 continue
@@ -233,20 +304,22 @@ class ResumableReading:
     _epoch: EpochRun | None = None
     _loaded: dict[str, Any] | None = None
 
-    def _shuffling(self) -> tuple[int, int | None]:
-        """``(buffer size, seed)`` of the epoch's shuffle buffer; none by default."""
-        return 0, None
+    def _begin(self, shuffling: Shuffling = (0, 0)) -> Iterator[Located]:
+        """Start an epoch (from a loaded state, if any): its samples, as ``Located``.
 
-    def _begin(self) -> Iterator[Located]:
-        """Start an epoch (from a loaded state, if any): its samples, as ``Located``."""
+        Args:
+            shuffling: ``(buffer size, seed)`` of the epoch's shuffle buffer (see
+                :class:`EpochRun`); by default none.
+        """
         self._epoch, loaded, self._loaded = None, self._loaded, None
         self._state_at_start = loaded or self._fresh()
-        self.reader.policy.begin()
-        return self._run((loaded or {}).get("position"))
+        info = get_worker_info()
+        self.reader.policy.begin(*((info.id, info.num_workers) if info is not None else (0, 1)))
+        return self._run((loaded or {}).get("position"), shuffling)
 
-    def _run(self, position: Mapping[str, Any] | None) -> Iterator[Located]:
+    def _run(self, position: Mapping[str, Any] | None, shuffling: Shuffling) -> Iterator[Located]:
         parts = (p if isinstance(p, ShardPart) else ShardPart(p) for p in self.source_datapipe)
-        size, seed = self._shuffling()
+        size, seed = shuffling
         epoch = EpochRun(self.reader, parts, buffer_size=size, seed=seed, position=position)
         self._epoch = epoch
         yield from epoch.located()

@@ -17,6 +17,9 @@ import numpy
 import PIL.Image
 import torch
 from torch.utils.data import default_collate
+from torch.utils.data._utils.collate import default_collate_fn_map
+
+from shardpipes._core.samples import SampleTuple, ShardSample
 
 __all__ = ["Batch", "BatchDict", "collate_samples"]
 
@@ -145,7 +148,8 @@ def _collate_field(field: str | int, values: list[Any]) -> Any:
         return values
     if isinstance(first, int) and not isinstance(first, bool):
         return torch.tensor(values, dtype=torch.int64)
-    if isinstance(first, PIL.Image.Image):
+    image = isinstance(first, PIL.Image.Image)
+    if image:
         values = [_image_to_tensor(value) for value in values]
     elif isinstance(first, numpy.ndarray) and first.dtype.kind in _NUMERIC_KINDS:
         values = [_array_to_tensor(value) for value in values]
@@ -153,12 +157,51 @@ def _collate_field(field: str | int, values: list[Any]) -> Any:
         shape = values[0].shape
         for value in values:
             if value.shape != shape:
-                msg = (
-                    f"field {field!r}: cannot stack tensors of shapes {tuple(shape)} and "
-                    f"{tuple(value.shape)}; resize in a map() before batch()"
-                )
-                raise ValueError(msg)
+                raise ValueError(_unequal(field, tuple(shape), tuple(value.shape), image))
     return default_collate(values)
+
+
+def _unequal(field: str | int, one: tuple[int, ...], other: tuple[int, ...], image: bool) -> str:
+    """The error for tensors of different shapes in one field of a batch."""
+    problem = f"field {field!r}: cannot batch tensors of shapes {one} and {other}"
+    if image or (len(one) == 3 and one[0] in (1, 3, 4)):
+        return (
+            f"{problem}: images of different sizes. Decode them to one size with "
+            "resize= and crop= on the recipe (tar_shards(..., resize=256, crop=224)) or on "
+            'decode (.decode("torch", resize=256, crop=224)); or resize them in a map() '
+            "before batching"
+        )
+    return f"{problem}; make them one shape in a map() before batching"
+
+
+def _collate_samples_fn(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+    """``default_collate``'s entry for shardpipes' samples: :func:`collate_samples`."""
+    return collate_samples(batch)
+
+
+def _batched_twice(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+    """``default_collate``'s entry for shardpipes' batches: they are batched already."""
+    first = batch[0]
+    values = first.values() if isinstance(first, Mapping) else first
+    inner = next((len(v) for v in values if hasattr(v, "__len__")), "?")
+    msg = (
+        f"the pipe yields batches already (of {inner} samples) and the DataLoader batches "
+        f"them again (by {len(batch)}): give the DataLoader batch_size=None, or take "
+        "batch_size off the pipe"
+    )
+    raise ValueError(msg)
+
+
+# a DataLoader with batch_size=N collates with default_collate, which looks up the type of
+# the items in this table (torch documents extending it in place)
+default_collate_fn_map.update(
+    {
+        SampleTuple: _collate_samples_fn,
+        ShardSample: _collate_samples_fn,
+        Batch: _batched_twice,
+        BatchDict: _batched_twice,
+    }
+)
 
 
 def _image_to_tensor(image: PIL.Image.Image) -> torch.Tensor:

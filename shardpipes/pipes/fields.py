@@ -8,6 +8,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes._core.handlers import Handler, check_handler, handle
+from shardpipes._core.samples import SampleTuple
 from shardpipes.errors import MissingFieldError
 from shardpipes.pipes._length import source_length
 
@@ -94,7 +95,7 @@ class TupleMaker(IterDataPipe[tuple[Any, ...]]):
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         for sample in self.source_datapipe:
             try:
-                picked = tuple(sample[pick(sample, names)] for names in self._alternatives)
+                picked = SampleTuple(sample[pick(sample, names)] for names in self._alternatives)
             except MissingFieldError as exc:
                 handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
                 continue

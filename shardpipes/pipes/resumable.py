@@ -22,8 +22,15 @@ from shardpipes.pipes.shards import (
     set_epoch,
     worker_placement,
 )
+from shardpipes.pipes.shuffle import SampleShuffler
 
-__all__ = ["Resumable", "reading_stages"]
+__all__ = [
+    "Resumable",
+    "load_pipeline_state",
+    "pipeline_state",
+    "reading_stages",
+    "reads_shards",
+]
 
 T = TypeVar("T")
 
@@ -101,32 +108,59 @@ class Resumable(IterableDataset[T]):
 
     def state_dict(self) -> dict[str, Any]:
         """The states of the pipe's reading stages (``open_tar``, ``ShardStream``)."""
-        return {"version": VERSION, "stages": [s.state_dict() for s in reading_stages(self.pipe)]}
+        return pipeline_state(self.pipe)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume the pipe from a saved state at the next iteration.
 
         Raises:
-            ValueError: If the state is not a ``Resumable`` state of this pipeline's shape.
+            ValueError: If the state is not a state of this pipeline's shape.
         """
-        stages = reading_stages(self.pipe)
-        if not isinstance(state, Mapping) or state.get("version") != VERSION:
-            msg = f"not a Resumable state of version {VERSION}: {str(state)[:200]}"
-            raise ValueError(msg)
-        saved = state.get("stages")
-        if not isinstance(saved, list):
-            msg = f"not a Resumable state (no list of stages): {str(state)[:200]}"
-            raise ValueError(msg)
-        if len(saved) != len(stages):
-            msg = f"the state has {len(saved)} reading stages, this pipeline {len(stages)}"
-            raise ValueError(msg)
-        for stage, sub in zip(stages, saved, strict=True):
-            stage.load_state_dict(sub)
+        load_pipeline_state(self.pipe, state)
+
+
+def pipeline_state(pipe: IterDataPipe[Any]) -> dict[str, Any]:
+    """The state of a pipeline: its reading stages' states, between two items it yields.
+
+    Raises:
+        ValueError: If the pipeline cannot be resumed (see :func:`reading_stages`).
+    """
+    return {"version": VERSION, "stages": [s.state_dict() for s in reading_stages(pipe)]}
+
+
+def load_pipeline_state(pipe: IterDataPipe[Any], state: Mapping[str, Any]) -> None:
+    """Load a :func:`pipeline_state` into a pipeline of the same shape (at its next iteration).
+
+    Raises:
+        ValueError: If the pipeline cannot be resumed, or the state is not one of its shape.
+    """
+    stages = reading_stages(pipe)
+    if not isinstance(state, Mapping) or state.get("version") != VERSION:
+        msg = f"not a shardpipes pipeline state of version {VERSION}: {str(state)[:200]}"
+        raise ValueError(msg)
+    saved = state.get("stages")
+    if not isinstance(saved, list):
+        msg = f"not a shardpipes pipeline state (no list of stages): {str(state)[:200]}"
+        raise ValueError(msg)
+    if len(saved) != len(stages):
+        msg = f"the state has {len(saved)} reading stages, this pipeline {len(stages)}"
+        raise ValueError(msg)
+    for stage, sub in zip(stages, saved, strict=True):
+        stage.load_state_dict(sub)
 
 
 # stages that hold no item between two items the pipeline yields: a state taken there is
 # the reading stages' state alone (a batch is empty again once the pipeline yields it)
-_PASSING = (Mapper, Filter, Batcher, IterableWrapper, ShardingFilter, SampleDecoder, TupleMaker)
+_PASSING = (
+    Mapper,
+    Filter,
+    Batcher,
+    IterableWrapper,
+    ShardingFilter,
+    SampleDecoder,
+    TupleMaker,
+    SampleShuffler,  # its buffer is in the open_tar stage's state
+)
 
 
 def reading_stages(pipe: IterDataPipe[Any]) -> list[ResumableReading]:
@@ -140,10 +174,18 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ResumableReading]:
     for stage in stages:
         if not isinstance(stage, (ResumableReading, ShardLister, ShardSplitter, *_PASSING)):
             msg = (
-                f"a pipeline with {type(stage).__name__} cannot be resumed: only reading "
-                "(list_shards, split_shards, open_tar, ShardStream), map, filter, decode, "
-                "to_tuple, batch and collate stages can. For a sample shuffle buffer use "
-                "ShardStream(buffer_size=...) or a recipe, which save their buffer"
+                f"a pipeline with {type(stage).__name__} cannot be resumed exactly: it holds "
+                "items between two batches that a checkpoint cannot describe. Resumable "
+                "stages: list_shards, split_shards, open_tar, shuffle_samples, decode, "
+                "to_tuple, map, filter, batch, collate, and the recipes. For a sample "
+                "shuffle buffer use .shuffle_samples(buffer_size=N) right after open_tar "
+                "(or a recipe's buffer_size), which saves its buffer as byte ranges; if you "
+                "do not resume, use torch.utils.data.DataLoader"
             )
             raise ValueError(msg)
     return [s for s in stages if isinstance(s, ResumableReading)]
+
+
+def reads_shards(pipe: IterDataPipe[Any]) -> bool:
+    """Whether the pipeline has a reading stage (``open_tar``, ``ShardStream``…)."""
+    return any(isinstance(s, ResumableReading) for s in get_all_graph_pipes(traverse_dps(pipe)))

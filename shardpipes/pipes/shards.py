@@ -14,6 +14,7 @@ from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes import fs
 from shardpipes._core.braces import expand_braces
+from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.split import ShardPart, global_worker, split_plan
 from shardpipes.errors import NoShardsError
 from shardpipes.pipes.index import Ranges, sample_count
@@ -100,9 +101,15 @@ class ShardSplitter(ShardingFilterIterDataPipe):
 
     Shard order: with ``shuffle=True`` the list is permuted before splitting, the same way
     on every worker and rank. With ``seed`` given the order is a function of
-    ``(seed, epoch)`` only: call :meth:`set_epoch` each epoch, as with
-    ``DistributedSampler``. Without, the DataLoader's seed (shared by its workers and,
+    ``(seed, epoch)`` only. Without, the DataLoader's seed (shared by its workers and,
     broadcast from rank 0, by all ranks) picks it; with no DataLoader, seed 0.
+    ``DataLoader(pipe, shuffle=False)`` turns the shuffling off (``set_shuffle``).
+
+    Epochs: each time iteration starts again (a new ``iter()`` of the pipe, or of a
+    DataLoader over it) the epoch advances by one, so a second epoch never repeats the
+    first one's order; :meth:`set_epoch` sets it (as with ``DistributedSampler``), and the
+    next iteration uses exactly that epoch. Every rank counts the same iterations, so
+    ranks agree without talking.
 
     Even split (``even=True``): every worker, hence every rank, reads the same number of
     samples, so DDP never waits on a rank that ran out. The shards' samples, end to end,
@@ -153,23 +160,45 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self.even = bool(even)
         self.storage_options = dict(storage_options or {})
         self.index = dict(index or {})
-        self.epoch = 0
+        self._epochs = EpochCounter()  # shared with this pipe's DataLoader workers
+        self._epoch_set = False  # set_epoch was called (a loaded state must agree with it)
         self._shared_seed: int | None = None
+        self._begun = 0  # iterations this copy of the pipe has begun
         self._counts: dict[str, Ranges | int] = {}  # even split: ranges (or a count) by URL
         self._used: dict[str, Any] | None = None  # what the last plan was made of
         self._pinned: dict[str, Any] | None = None  # a loaded state, for the next plan
 
     def set_seed(self, seed: int) -> ShardSplitter:
-        """Take the DataLoader's seed (shared by all workers and ranks) for the shard order."""
+        """Take the DataLoader's seed (shared by all workers and ranks) for the shard order.
+
+        The DataLoader calls this each time it starts iterating (in its own process, and
+        with the same seed in each worker), so an iteration under a new seed is the next
+        epoch (see :class:`~shardpipes._core.epochs.EpochCounter`).
+        """
         self._shared_seed = seed
         return self
 
+    def set_shuffle(self, shuffle: bool = True) -> ShardSplitter:
+        """Turn the shard-order shuffle on or off (``DataLoader(shuffle=...)`` calls this)."""
+        self.shuffle_shards = bool(shuffle)
+        return self
+
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch, which changes the shard order when ``seed`` is fixed."""
-        if not isinstance(epoch, int) or epoch < 0:
+        """Set the epoch of the next iteration (later ones count on from it).
+
+        The shard order (with a fixed ``seed``) and seeded shuffle buffers downstream are
+        functions of it.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             msg = f"epoch must be a non-negative int (got {epoch!r})"
             raise ValueError(msg)
-        self.epoch = epoch
+        self._epochs.set(epoch)
+        self._epoch_set = True
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current iteration (or of the next, if none has begun)."""
+        return self._epochs.current()
 
     def placement(self) -> tuple[int, int]:
         """Return ``(total workers, this worker's global index)`` for the next iteration."""
@@ -184,20 +213,21 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         return self._shared_seed if self._shared_seed is not None else 0
 
     def plan(self) -> list[ShardPart]:
-        """This worker's parts for the epoch, in reading order."""
-        return self._plan(pinned=None)
+        """This worker's parts for the current epoch, in reading order."""
+        return self._plan(self.epoch, pinned=None)
 
-    def _plan(self, pinned: Mapping[str, Any] | None) -> list[ShardPart]:
+    def _plan(self, epoch: int, pinned: Mapping[str, Any] | None) -> list[ShardPart]:
         urls = list(self.source_datapipe)
         total, worker = self.placement()
-        seed, epoch = self.order_seed(), self.epoch
+        seed = self.order_seed()
         used = {
             "seed": seed, "epoch": epoch, "shards": len(urls), "digest": _digest(urls),
             "workers": total, "worker": worker, "even": self.even,
         }  # fmt: skip
         if pinned is not None:
-            _check_state(pinned, used, fixed_seed=self.seed)
+            _check_state(pinned, used, fixed_seed=self.seed, epoch_set=self._epoch_set)
             seed, epoch = used["seed"], used["epoch"] = pinned["seed"], pinned["epoch"]
+            self._epochs.resumed(epoch)  # later ones count on from it
         counts = [self._count(url) for url in urls] if self.even else None
         parts = split_plan(
             urls, shuffle=self.shuffle_shards, seed=seed, epoch=epoch,
@@ -206,12 +236,36 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self._used = used
         return [self._span(part) for part in parts] if self.even else parts
 
+    def _iteration_key(self) -> int | None:
+        """What the workers of one iteration share, and the next iteration's do not.
+
+        The DataLoader's shared seed (new for every ``iter()`` of an ``IterDataPipe``
+        DataLoader), else the worker's base seed (new for every ``iter()`` unless the
+        workers persist), with the number of iterations this copy of the pipe has begun
+        (the same in all workers of one iteration, new for the next with persistent
+        workers). ``None`` (every iteration new) in the main process without a loader.
+        """
+        base = self._shared_seed
+        if base is None:
+            info = get_worker_info()
+            base = info.seed - info.id if info is not None else None
+        self._begun += 1
+        if base is None:
+            return None
+        digest = hashlib.sha256(f"{base}:{self._begun}".encode()).digest()
+        return int.from_bytes(digest[:8], "little", signed=True)
+
     def __iter__(self) -> Iterator[ShardPart]:
+        epoch = self._epochs.begin(self._iteration_key())
         pinned, self._pinned = self._pinned, None
-        yield from self._plan(pinned)
+        yield from self._plan(epoch, pinned)
 
     def __len__(self) -> int:
         return len(self.plan())
+
+    def used(self) -> dict[str, Any] | None:
+        """What the last plan was made of (seed, epoch, shards, workers, worker), if any."""
+        return self._used
 
     def state_dict(self) -> dict[str, Any]:
         """The shard order and split of the current epoch: seed, epoch, shards, workers."""
@@ -254,7 +308,7 @@ def _digest(urls: Sequence[str]) -> str:
 
 
 def _check_state(
-    saved: Mapping[str, Any], now: Mapping[str, Any], *, fixed_seed: int | None
+    saved: Mapping[str, Any], now: Mapping[str, Any], *, fixed_seed: int | None, epoch_set: bool
 ) -> None:
     """Raise ``ValueError`` naming the first way a saved split state differs from now."""
     if "digest" in saved and (saved["shards"], saved["digest"]) != (now["shards"], now["digest"]):
@@ -275,6 +329,12 @@ def _check_state(
     if fixed_seed is not None and saved["seed"] != fixed_seed:
         msg = f"the state was saved with seed {saved['seed']}; this pipe has seed={fixed_seed}"
         raise ValueError(msg)
+    if epoch_set and saved["epoch"] != now["epoch"]:
+        msg = (
+            f"the state was saved in epoch {saved['epoch']}; this pipe was set to epoch "
+            f"{now['epoch']} (set_epoch): set the epoch the checkpoint was taken in"
+        )
+        raise ValueError(msg)
     if saved.get("even", now["even"]) != now["even"]:
         msg = f"the state was saved with even={saved['even']}; this pipe has even={now['even']}"
         raise ValueError(msg)
@@ -283,13 +343,23 @@ def _check_state(
 def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
     """Set the epoch of every ``split_shards`` stage in a pipeline; returns ``pipe``.
 
-    The shard order of a seeded ``split_shards`` is a function of ``(seed, epoch)``: call
-    this before each epoch, as with ``DistributedSampler.set_epoch``, so that all ranks
-    agree on a new order.
+    The shard order of a seeded ``split_shards``, and seeded shuffle buffers, are functions
+    of ``(seed, epoch)``. The epoch advances by itself each time iteration starts again;
+    call this to choose it, e.g. before each epoch as with
+    ``DistributedSampler.set_epoch``, or after loading a checkpoint.
+
+    Raises:
+        ValueError: If the pipeline has no ``split_shards`` stage (nothing takes an epoch).
     """
-    for stage in get_all_graph_pipes(traverse_dps(pipe)):
-        if isinstance(stage, ShardSplitter):
-            stage.set_epoch(epoch)
+    stages = [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+    if not stages:
+        msg = (
+            f"{type(pipe).__name__} has no split_shards stage, so nothing in it takes an "
+            "epoch: add .split_shards() after list_shards()"
+        )
+        raise ValueError(msg)
+    for stage in stages:
+        stage.set_epoch(epoch)
     return pipe
 
 

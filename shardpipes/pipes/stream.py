@@ -18,23 +18,22 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.decoders import (
     Decoder,
     check_image_mode,
-    decode_field,
+    decode_sample,
     decoder_for,
     located,
 )
 from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.policy import as_policy
-from shardpipes._core.samples import Located
+from shardpipes._core.samples import Located, SampleTuple
 from shardpipes._core.split import ShardPart
 from shardpipes._core.tar import MAX_MEMBER_BYTES
 from shardpipes.errors import DecodeError, MissingFieldError
-from shardpipes.pipes._epoch import ResumableReading
+from shardpipes.pipes._epoch import ResumableReading, ShuffleBuffer
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import decoder_table
@@ -69,7 +68,11 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             one shorter unless ``drop_last``); ``None`` yields single samples.
         drop_last: Drop a last batch shorter than ``batch_size``.
         buffer_size: Shuffle samples through a buffer of this many (undecoded) samples,
-            as torch's ``shuffle`` does; below 2, no shuffling.
+            as torch's ``shuffle`` does; below 2, no shuffling. ``DataLoader(pipe,
+            shuffle=False)`` turns it off (``set_shuffle``).
+        seed: The buffer's seed; by default the fixed ``seed`` of the ``split_shards``
+            stage upstream, else the DataLoader's. With a seed the buffer's order is a
+            function of ``(seed, epoch, worker)``: the same on every run.
         storage_options: Passed to the fsspec filesystem.
         handler: Error policy of every step (see ``open_tar``).
         index: As for ``open_tar``.
@@ -98,6 +101,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         batch_size: int | None = None,
         drop_last: bool = False,
         buffer_size: int = 0,
+        seed: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         handler: Handler = "raise",
         index: bool | Mapping[str, str] = False,
@@ -123,7 +127,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             msg = f"threads must be a non-negative int (got {threads!r})"
             raise ValueError(msg)
         self.threads = threads
-        self.buffer_size = buffer_size
+        self.buffer = ShuffleBuffer(buffer_size, seed)
         self.handler = as_policy(handler, max_errors)  # ErrorPolicy checks the handler
         self.reader = ShardReader(
             storage_options=storage_options, handler=self.handler, index=index,
@@ -134,12 +138,23 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         self._table = decoder_table(
             image, resize=resize, crop=crop, allow_pickle=allow_pickle, overrides=decoders
         )
-        self._seed: int | None = None
         self._decoders: dict[str, Decoder | None] = {}
 
     def set_seed(self, seed: int) -> ShardStream:
-        """Seed the shuffle buffer for the next epoch (the DataLoader calls this)."""
-        self._seed = seed
+        """Seed the shuffle buffer for the next epoch (the DataLoader calls this).
+
+        Ignored where a fixed ``seed`` (this stage's or the ``split_shards`` stage's) rules.
+        """
+        self.buffer.shared = seed
+        return self
+
+    def set_shuffle(self, shuffle: bool = True) -> ShardStream:
+        """Turn the shuffle buffer on or off.
+
+        ``DataLoader(pipe, shuffle=...)`` calls this on every shuffling stage (the
+        ``split_shards`` stage upstream too).
+        """
+        self.buffer.enabled = bool(shuffle)
         return self
 
     def set_epoch(self, epoch: int) -> ShardStream:
@@ -149,17 +164,10 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         # not a generator function: the epoch begins (and state_dict sees it) at iter()
-        return self._batches(self._begin())
+        return self._batches(self._begin(self.buffer.shuffling(self.source_datapipe)))
 
     def __len__(self) -> int:
         no_length(self)
-
-    def _shuffling(self) -> tuple[int, int | None]:
-        seed = self._seed
-        if seed is None and self.buffer_size >= 2:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        self._seed = None  # a later epoch without set_seed draws a fresh seed
-        return self.buffer_size, seed
 
     def _batches(self, located: Iterator[Located]) -> Iterator[Any]:
         finished = self._finished(located)
@@ -180,7 +188,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
         try:
             if not self._alternatives:
-                out: Any = {field: decode_field(sample, field, self._table) for field in sample}
+                out: Any = decode_sample(sample, self._table)
                 return out if self.transform is None else self.transform(out)
             values = []
             for names in self._alternatives:
@@ -198,7 +206,7 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
                 values.append(value)
             if self.transform is not None:
                 values[0] = self.transform(values[0])
-            return tuple(values)
+            return SampleTuple(values)
         except MissingFieldError as exc:
             handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
         except DecodeError as exc:

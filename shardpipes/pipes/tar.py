@@ -18,7 +18,7 @@ from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import MAX_MEMBER_BYTES, Member, iter_members
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
-from shardpipes.pipes._epoch import ResumableReading
+from shardpipes.pipes._epoch import ResumableReading, Shuffling
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
 
@@ -99,8 +99,14 @@ class TarOpener(ResumableReading, IterDataPipe[Sample]):
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[Sample]:
-        # not a generator function: the epoch begins (and state_dict sees it) at iter()
-        return self._samples(self._begin())
+        return self.samples()
+
+    def samples(self, shuffling: Shuffling = (0, 0)) -> Iterator[Sample]:
+        """The epoch's samples, through a shuffle buffer if ``shuffling`` asks for one.
+
+        Not a generator function: the epoch begins (and ``state_dict`` sees it) at once.
+        """
+        return self._samples(self._begin(shuffling))
 
     def _samples(self, located: Iterator[Located]) -> Iterator[Sample]:
         yield from map(operator.itemgetter(0), located)

@@ -51,17 +51,20 @@ def tar_shards(
 
     Args:
         urls: Shard URLs, brace patterns or globs (``"s3://b/train-{000..099}.tar"``).
-        shuffle: Shuffle the shard order and, through a buffer, the samples.
-        seed: Fixed seed for the shard order (varies with ``set_epoch``); by default the
-            DataLoader's seed (broadcast from rank 0 under ``torch.distributed``).
-        epoch: The first epoch (call ``pipe.set_epoch(e)`` for later ones): with ``seed``,
-            the shard order is a function of ``(seed, epoch)``, the same on every rank.
+        shuffle: Shuffle the shard order and, through a buffer, the samples
+            (``DataLoader(pipe, shuffle=...)`` overrides it, as for torch's pipes).
+        seed: Fixed seed of the shard order and the shuffle buffer: the epoch's whole
+            order is then a function of ``(seed, epoch, workers × ranks)``, the same on
+            every run. By default the DataLoader's seed (broadcast from rank 0 under
+            ``torch.distributed``) decides.
+        epoch: The first epoch. Each new iteration is the next epoch; ``pipe.set_epoch(e)``
+            chooses one (as with ``DistributedSampler``).
         even: Every worker (hence every distributed rank) yields the same number of
             samples, for DDP: up to ``total workers - 1`` samples are dropped per epoch (see
             :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
             ``.idx`` sidecar or a header scan).
         buffer_size: Samples held (undecoded) in the shuffle buffer, per worker;
-            ``shuffle=False`` or a size below 2 turns it off.
+            a size below 2 turns it off.
         transform: Applied to each decoded image (the first field).
         image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
         resize: Scale each image so that its shorter side is this long; JPEGs are
@@ -107,8 +110,9 @@ def tar_shards(
         ShardLister(urls, storage_options=storage_options),
         shuffle=shuffle, seed=seed, even=even, storage_options=storage_options,
     )  # fmt: skip
-    shards.set_epoch(epoch)
-    return ShardStream(
+    if epoch != 0:  # set_epoch: a loaded state must then be of that epoch
+        shards.set_epoch(epoch)
+    stream = ShardStream(
         shards,
         fields=fields,
         image=image,
@@ -118,7 +122,7 @@ def tar_shards(
         batch_size=batch_size,
         drop_last=drop_last,
         threads=threads,
-        buffer_size=buffer_size if shuffle else 0,
+        buffer_size=buffer_size,
         storage_options=storage_options,
         handler=handler,
         retries=retries,
@@ -127,3 +131,4 @@ def tar_shards(
         max_errors=max_errors,
         max_member_bytes=max_member_bytes,
     )
+    return stream.set_shuffle(shuffle)

@@ -144,18 +144,30 @@ class TestBudget:
         assert drain(pipe) == 49
         assert pipe.stats().errors == 1
 
-    def test_fraction_checked_mid_epoch(self, tmp_path: Path) -> None:
-        """Over the fraction once enough items are seen: raises before the epoch ends."""
-        urls = bucket(tmp_path, bad=("random_bytes",) * 0, good=1)
-        for i in range(30):
-            (tmp_path / f"junk-{i:02d}.tar").write_bytes(b"junk" * 300)
-            urls.append(str(tmp_path / f"junk-{i:02d}.tar"))
-        pipe = sp.list_shards(urls).open_tar(handler="ignore", max_errors=0.2)
-        seen: list[Any] = []
-        with pytest.raises(sp.TooManyErrorsError):
-            seen.extend(pipe)
-        assert len(seen) == 10
-        assert pipe.stats().errors < 30  # stopped before the last shard
+    @pytest.mark.slow
+    @pytest.mark.parametrize(("budget", "fails"), [(0.02, False), (0.005, True)])
+    def test_fraction_has_one_outcome_for_any_number_of_workers(
+        self, tmp_path: Path, budget: float, fails: bool
+    ) -> None:
+        """1 bad sample in 90, in one shard: the same outcome with 0, 2 and 3 workers.
+
+        The worker that reads the bad shard sees 1 bad in 30 (over 2 %): a per-worker rule
+        would fail with 3 workers where the epoch as a whole passes.
+        """
+        urls = bucket(tmp_path, bad=("json_that_is_not_json",), good=8)
+        outcomes = []
+        for workers in (0, 2, 3):
+            pipe = sp.recipes.tar_shards(
+                urls, fields=("json;txt",), shuffle=False, handler="ignore", max_errors=budget
+            )
+            try:
+                drain(pipe, workers)
+            except sp.TooManyErrorsError:
+                outcomes.append(True)
+            else:
+                outcomes.append(False)
+                assert pipe.stats().errors == 1
+        assert outcomes == [fails] * 3
 
     @pytest.mark.parametrize(
         ("value", "error"),

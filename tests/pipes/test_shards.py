@@ -95,11 +95,15 @@ class TestShardSplitter:
         a = ShardSplitter(IterableWrapper(urls), shuffle=True, seed=7)
         b = ShardSplitter(IterableWrapper(urls), shuffle=True, seed=7)
         b.set_seed(12345)  # the DataLoader's seed does not override a fixed one
-        assert list(a) == list(b) == list(a)
-        assert sorted(p.url for p in a) == sorted(urls) and [p.url for p in a] != urls
         first = list(a)
+        assert first == list(b)
+        assert sorted(p.url for p in first) == sorted(urls) and [p.url for p in first] != urls
+        second = list(a)  # iterating again is the next epoch
+        assert second != first and sorted(second) == sorted(first)
+        a.set_epoch(0)
+        assert list(a) == first
         a.set_epoch(1)
-        assert list(a) != first
+        assert list(a) == second
 
     def test_shared_seed_from_loader(self) -> None:
         """Without a fixed seed, set_seed (the DataLoader's shared seed) picks the order."""

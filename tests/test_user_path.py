@@ -1,0 +1,235 @@
+"""The calls a user writes first, from torch's and torchdata's docs: they must just work.
+
+The plain ``StatefulDataLoader(recipe)`` resumes exactly; a seed reproduces the whole
+epoch; ``DataLoader(shuffle=False)`` turns shuffling off; a second epoch is a new order;
+the traps (batching twice, images of mixed sizes) are errors that say what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardpipes as sp
+from tests.conftest import Dataset
+from tests.realdata import build_shards
+
+PER_SHARD, BATCH = 9, 5
+
+
+@pytest.fixture
+def shards(make_shards: Callable[..., Dataset]) -> Dataset:
+    return make_shards(4, PER_SHARD)
+
+
+def recipe(urls: list[str], **options: Any) -> Any:
+    """tar_shards yielding (key, label) pairs, seed 7, a 6-sample buffer."""
+    options = {"seed": 7, "buffer_size": 6, **options}
+    return sp.recipes.tar_shards(urls, fields=("__key__", "cls"), **options)
+
+
+def times_ten(sample: tuple[str, int]) -> tuple[str, int]:
+    return sample[0], sample[1] * 10
+
+
+def non_negative(sample: tuple[str, int]) -> bool:
+    return sample[1] >= 0
+
+
+def chain(urls: list[str]) -> Any:
+    """Shardpipes' stages with torch's map, filter, batch and collate, and a buffer."""
+    return (
+        sp.list_shards(urls)
+        .split_shards(shuffle=True, seed=7)
+        .open_tar()
+        .shuffle_samples(buffer_size=6)
+        .decode()
+        .to_tuple("__key__", "cls")
+        .map(times_ten)
+        .filter(non_negative)
+        .batch(BATCH)
+        .collate()
+    )
+
+
+def keys(batches: Any) -> list[str]:
+    return [key for batch in batches for key in batch[0]]
+
+
+def take(it: Iterator[Any], k: int) -> list[Any]:
+    return [next(it) for _ in range(k)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("build", ["recipe", "chain"])
+def test_plain_stateful_dataloader_resumes_exactly(
+    shards: Dataset, caplog: pytest.LogCaptureFixture, build: str, workers: int, k: int
+) -> None:
+    """StatefulDataLoader(pipe), no wrapper: before + after a restart = one whole epoch."""
+    make = {"recipe": lambda: recipe(shards.urls), "chain": lambda: chain(shards.urls)}[build]
+    batch_size = BATCH if build == "recipe" else None
+    full = keys(StatefulDataLoader(make(), batch_size=batch_size, num_workers=workers))
+    assert sorted(full) == sorted(shards.keys)
+    first = StatefulDataLoader(make(), batch_size=batch_size, num_workers=workers)
+    head = take(iter(first), k)
+    state = first.state_dict()
+    second = StatefulDataLoader(make(), batch_size=batch_size, num_workers=workers)
+    second.load_state_dict(state)
+    with caplog.at_level(logging.WARNING):
+        rest = list(second)
+    assert "fast-forward" not in caplog.text
+    assert keys(head) + keys(rest) == full
+
+
+@pytest.mark.slow
+def test_plain_stateful_dataloader_resumes_realistic_images(tmp_path: Path) -> None:
+    """Mixed-size JPEG/PNG shards, resize+crop, batches in the worker, 2 workers."""
+    urls = [str(p) for p in build_shards(tmp_path).paths]
+
+    def make() -> Any:
+        return sp.recipes.tar_shards(
+            urls, seed=3, image="torch", resize=32, crop=32, batch_size=4, fields=("jpg;png", "cls")
+        )
+
+    def labels(batches: Any) -> list[int]:
+        return [int(x) for batch in batches for x in batch[1]]
+
+    full = labels(StatefulDataLoader(make(), batch_size=None, num_workers=2))
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    head = take(iter(first), 5)
+    second = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    second.load_state_dict(first.state_dict())
+    assert labels(head) + labels(second) == full
+    assert sorted(full) == list(range(len(full)))
+
+
+@pytest.mark.slow
+def test_torch_shuffle_in_a_resumed_chain_is_refused(shards: Dataset) -> None:
+    """Torch's shuffle holds samples a state cannot describe: an error names it and the way out."""
+    pipe = sp.list_shards(shards.urls).split_shards().open_tar().shuffle(buffer_size=10)
+    loader = StatefulDataLoader(pipe, batch_size=None, num_workers=0)
+    next(iter(loader))
+    with pytest.raises(
+        ValueError, match=r"ShufflerIterDataPipe cannot be resumed.*shuffle_samples"
+    ):
+        loader.state_dict()
+
+
+def test_shuffle_samples_must_follow_open_tar(shards: Dataset) -> None:
+    """shuffle_samples anywhere but right after open_tar is refused at construction."""
+    with pytest.raises(TypeError, match="must follow open_tar directly"):
+        sp.list_shards(shards.urls).open_tar().decode().shuffle_samples()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_seed_fixes_the_whole_order(shards: Dataset, workers: int) -> None:
+    """The same seed=: the same order on every run, whatever the DataLoader's seed."""
+    runs = []
+    for torch_seed in (1, 2):
+        torch.manual_seed(torch_seed)
+        runs.append(keys(DataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)))
+    assert runs[0] == runs[1]
+    assert sorted(runs[0]) == sorted(shards.keys) and runs[0] != shards.keys
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_without_a_seed_the_dataloader_seed_decides(shards: Dataset, workers: int) -> None:
+    """No seed=: the DataLoader's generator decides the order (same seed, same order)."""
+
+    def run(seed: int) -> list[str]:
+        pipe = recipe(shards.urls, seed=None)
+        gen = torch.Generator().manual_seed(seed)
+        return keys(DataLoader(pipe, batch_size=BATCH, num_workers=workers, generator=gen))
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_shuffle_false_turns_every_shuffle_off(shards: Dataset, workers: int) -> None:
+    """DataLoader(shuffle=False): shards in order, no buffer; shuffle=True turns them on."""
+    plain = keys(DataLoader(recipe(shards.urls), batch_size=BATCH, shuffle=False))
+    assert plain == shards.keys
+    off = keys(DataLoader(chain(shards.urls), batch_size=None, shuffle=False))
+    assert off == shards.keys
+    on = keys(
+        DataLoader(recipe(shards.urls, shuffle=False), batch_size=BATCH, shuffle=True,
+                   num_workers=workers)
+    )  # fmt: skip
+    assert sorted(on) == sorted(shards.keys)
+    if workers == 0:
+        assert on != shards.keys
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+def test_each_epoch_is_a_new_order(shards: Dataset, persistent: bool) -> None:
+    """Iterating the loader again is the next epoch; set_epoch(0) gives the first again."""
+    pipe = recipe(shards.urls)
+    loader = DataLoader(pipe, batch_size=BATCH, num_workers=2, persistent_workers=persistent)
+    first, second = keys(loader), keys(loader)
+    assert sorted(first) == sorted(second) == sorted(shards.keys)
+    assert first != second
+    pipe.set_epoch(0)
+    assert keys(loader) == first
+    assert keys(loader) == second
+    fresh = keys(DataLoader(recipe(shards.urls, epoch=1), batch_size=BATCH, num_workers=2))
+    assert fresh == second
+
+
+def test_set_epoch_on_a_pipe_without_an_epoch_is_an_error(shards: Dataset) -> None:
+    """sp.set_epoch on a chain with no split_shards stage says so, instead of doing nothing."""
+    with pytest.raises(ValueError, match="no split_shards stage"):
+        sp.set_epoch(sp.list_shards(shards.urls).open_tar(), 1)
+
+
+def test_a_state_of_another_epoch_is_refused(shards: Dataset) -> None:
+    """A state saved in epoch 0 loaded into a pipe set to epoch 4: refused, naming both."""
+    pipe = recipe(shards.urls)
+    it = iter(pipe)
+    next(it)
+    state = pipe.state_dict()
+    again = recipe(shards.urls)
+    again.set_epoch(4)
+    again.load_state_dict(state)
+    with pytest.raises(ValueError, match="saved in epoch 0; this pipe was set to epoch 4"):
+        next(iter(again))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batching_twice_is_an_error(shards: Dataset, workers: int) -> None:
+    """A recipe with batch_size under a DataLoader that batches again: both sizes named."""
+    pipe = recipe(shards.urls, batch_size=4)
+    loader = DataLoader(pipe, batch_size=3, num_workers=workers)
+    with pytest.raises(ValueError, match=r"batches already \(of 4 samples\).*again \(by 3\)"):
+        next(iter(loader))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("form", ["recipe", "chain"])
+def test_mixed_size_images_name_the_fix(tmp_path: Path, form: str, workers: int) -> None:
+    """Mixed-size images reaching a collate: one error naming resize=/crop=, any process."""
+    urls = [str(p) for p in build_shards(tmp_path).paths]
+    if form == "recipe":
+        loader = DataLoader(sp.recipes.tar_shards(urls, image="torch"), batch_size=8,
+                            num_workers=workers)  # fmt: skip
+    else:
+        pipe = (sp.list_shards(urls).split_shards().open_tar().decode("torch")
+                .to_tuple("jpg;png", "cls").batch(8).collate())  # fmt: skip
+        loader = DataLoader(pipe, batch_size=None, num_workers=workers)
+    with pytest.raises(ValueError, match=r"images of different sizes.*resize= and crop="):
+        next(iter(loader))
