@@ -65,7 +65,7 @@ def recipe_shuffled(layout: dict[str, Any], kind: str, workers: int) -> Any:
 
 @loader("shardpipes_chain")
 def chain(layout: dict[str, Any], kind: str, workers: int) -> Any:
-    """The same pipeline written as chained pipes, one stage per step."""
+    """The same pipeline written as chained pipes, one stage per step, as the README shows."""
     if kind == "images":
         pipe = (
             sp.list_shards(layout["paths"]["image_shards"])
@@ -82,4 +82,4 @@ def chain(layout: dict[str, Any], kind: str, workers: int) -> Any:
             .decode()
             .to_tuple("bin", "cls")
         )
-    return _loader(pipe.batch(BATCH).collate(sp.collate_samples), workers)
+    return _loader(pipe.batch(BATCH).collate(), workers)

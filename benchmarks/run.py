@@ -143,6 +143,14 @@ def targets(table: dict[str, Any]) -> list[dict[str, Any]]:
                 "target": f"{kind}, {workers} workers: first batch, webdataset / shardpipes",
                 "goal": 1.0, "ratio": ratio, "met": ratio is not None and ratio >= 1.0,
             })  # fmt: skip
+    for kind, goal in (("small", 0.8), ("images", 0.9)):  # issue 12: chains as fast as recipes
+        chain = _get(table, kind, 2, "shardpipes_chain")
+        recipe = _get(table, kind, 2, "shardpipes")
+        ratio = chain / recipe if chain and recipe else None
+        out.append({
+            "target": f"{kind}, 2 workers: shardpipes_chain / shardpipes",
+            "goal": goal, "ratio": ratio, "met": ratio is not None and ratio >= goal,
+        })  # fmt: skip
     return out
 
 

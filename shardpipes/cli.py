@@ -210,10 +210,11 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from shardpipes._core.decoders import decode_field, default_decoders
+    from shardpipes._core.decoders import decode_field
     from shardpipes._core.policy import ErrorPolicy, reason
+    from shardpipes.pipes.decode import decoder_table
+    from shardpipes.pipes.reader import ShardReader
     from shardpipes.pipes.shards import ShardLister
-    from shardpipes.pipes.tar import ShardReader
 
     options = dict(args.storage_options)
     urls = [u for u in ShardLister(args.url, storage_options=options) if not u.endswith(".idx")]
@@ -226,7 +227,7 @@ def _inspect(args: argparse.Namespace) -> int:
     policy = ErrorPolicy(record if args.check else "raise")
     policy.begin()
     reader = ShardReader(storage_options=options, handler=policy)
-    table = default_decoders("pil")
+    table = decoder_table("pil")
     counts, sizes = Counter[str](), defaultdict[str, int](int)
     for url in urls:
         for sample in reader.samples(url):

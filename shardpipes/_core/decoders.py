@@ -36,12 +36,14 @@ __all__ = [
     "IMAGE_MODES",
     "PICKLE_EXTENSIONS",
     "Decoder",
+    "Decoding",
     "check_allow_pickle",
     "check_image_mode",
     "check_size",
     "decode_field",
     "decode_image",
     "decode_sample",
+    "decode_value",
     "decoder_for",
     "default_decoders",
     "located",
@@ -132,7 +134,8 @@ def decode_image(
 
     Args:
         data: The encoded image.
-        mode: ``"pil"``, ``"numpy"`` or ``"torch"``.
+        mode: ``"pil"`` or ``"numpy"`` (the ``"torch"`` mode converts the array:
+            :func:`default_decoders` takes the conversion as ``tensor``).
         resize: Scale the image so that its shorter side is this long.
         crop: Then cut the central ``crop`` x ``crop`` square (padded with black where the
             image is smaller, as torchvision does).
@@ -144,8 +147,8 @@ def decode_image(
         >>> import io, PIL.Image
         >>> png = io.BytesIO()
         >>> PIL.Image.new("RGB", (640, 480), "red").save(png, format="PNG")
-        >>> decode_image(png.getvalue(), "torch", resize=256, crop=224).shape
-        torch.Size([3, 224, 224])
+        >>> decode_image(png.getvalue(), "numpy", resize=256, crop=224).shape
+        (224, 224, 3)
         >>> decode_image(png.getvalue(), resize=240).size
         (320, 240)
     """
@@ -158,12 +161,11 @@ def decode_image(
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     if mode == "pil":
         return rgb
+    if mode != "numpy":
+        msg = f"mode must be 'pil' or 'numpy' (got {mode!r})"
+        raise ValueError(msg)
     array = numpy.asarray(rgb)
-    if mode == "numpy":
-        return array.copy() if not array.flags.writeable else array
-    import torch
-
-    return torch.from_numpy(array.transpose(2, 0, 1).copy())
+    return array.copy() if not array.flags.writeable else array
 
 
 def _fit(image: PIL.ImageFile.ImageFile, resize: int | None, crop: int | None) -> PIL.Image.Image:
@@ -226,19 +228,10 @@ def _no_object_arrays(ext: str) -> Iterator[None]:
         raise UnsafeDataError(problem) from exc
 
 
-def _decode_torch(data: bytes) -> Any:
-    import torch
-
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "weights_only" not in str(exc).lower().replace(" ", "_"):
-            raise
-        problem = (
-            "refused to load a torch member holding more than tensors and plain data: "
-            "torch.load(weights_only=False) would unpickle it, which executes arbitrary code"
-        )
-        raise UnsafeDataError(problem) from exc
+def _to_tensor(
+    tensor: Callable[[Any], Any], data: bytes, *, resize: int | None, crop: int | None
+) -> Any:
+    return tensor(decode_image(data, "numpy", resize=resize, crop=crop))
 
 
 def _decode_pickle(data: bytes) -> Any:
@@ -260,6 +253,8 @@ def default_decoders(
     allow_pickle: bool | Iterable[str] = False,
     resize: int | None = None,
     crop: int | None = None,
+    tensor: Callable[[Any], Any] | None = None,
+    weights: Decoder | None = None,
 ) -> dict[str, Decoder | None]:
     """Build the default decoder table.
 
@@ -271,6 +266,10 @@ def default_decoders(
         resize: Scale images so that their shorter side is this long (see
             :func:`decode_image`).
         crop: Then center-crop images to this square size.
+        tensor: For ``image="torch"``: turns a uint8 HWC array into the CHW tensor (the
+            torch layer gives it; this module does not import torch).
+        weights: The decoder of ``pth``/``pt`` members (``torch.load`` with
+            ``weights_only``, from the torch layer); without it they stay bytes.
 
     Returns:
         A dict mapping extension to decoder, or to ``None`` for "leave the bytes".
@@ -283,13 +282,18 @@ def default_decoders(
     check_image_mode(image)
     check_size(resize, crop)
     allowed = check_allow_pickle(allow_pickle)
-    image_decoder = (
-        None if image == "bytes" else partial(decode_image, mode=image, resize=resize, crop=crop)
-    )
+    image_decoder: Decoder | None = None
+    if image == "torch":
+        if tensor is None:
+            msg = "image='torch' needs the tensor conversion (tensor=)"
+            raise ValueError(msg)
+        image_decoder = partial(_to_tensor, tensor, resize=resize, crop=crop)
+    elif image != "bytes":
+        image_decoder = partial(decode_image, mode=image, resize=resize, crop=crop)
     table: dict[str, Decoder | None] = dict.fromkeys(IMAGE_EXTENSIONS, image_decoder)
     table.update(dict.fromkeys(("cls", "cls2", "index", "label"), _decode_int))
     table.update(txt=_decode_text, text=_decode_text, json=_decode_json)
-    table.update(npy=_decode_npy, npz=_decode_npz, pth=_decode_torch, pt=_decode_torch)
+    table.update(npy=_decode_npy, npz=_decode_npz, pth=weights, pt=weights)
     for ext in PICKLE_EXTENSIONS:
         table[ext] = _decode_pickle if ext in allowed else partial(_refuse_pickle, ext=ext)
     return table
@@ -339,11 +343,48 @@ def decode_sample(sample: Mapping[str, Any], table: Mapping[str, Decoder | None]
         >>> decode_sample({"__key__": "a", "cls": b"3", "x": b"?"}, default_decoders())
         {'__key__': 'a', 'cls': 3, 'x': b'?'}
     """
-    decoded = ShardSample((field, decode_field(sample, field, table)) for field in sample)
-    offset = getattr(sample, "offset", None)
-    if offset is not None:
-        decoded.offset = offset
-    return decoded
+    return Decoding(table).sample(sample)
+
+
+class Decoding:
+    """A decoder table, with the decoder chosen for each field remembered.
+
+    Args:
+        table: Extension to decoder (or ``None``), e.g. from ``default_decoders``.
+    """
+
+    def __init__(self, table: Mapping[str, Decoder | None]) -> None:
+        self.table = table
+        self._chosen: dict[str, Decoder | None] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"table": self.table, "_chosen": {}}
+
+    def decoder(self, field: str) -> Decoder | None:
+        """The decoder of ``field`` (see ``decoder_for``)."""
+        try:
+            return self._chosen[field]
+        except KeyError:
+            chosen = self._chosen[field] = decoder_for(self.table, field)
+            return chosen
+
+    def sample(self, sample: Mapping[str, Any], only: frozenset[str] | None = None) -> ShardSample:
+        """A new sample with its ``bytes`` fields decoded (only those in ``only``, if given).
+
+        Raises:
+            DecodeError: A decoder failed; names the sample's url, member, key, offset.
+        """
+        out = ShardSample()
+        offset = getattr(sample, "offset", None)
+        if offset is not None:
+            out.offset = offset
+        for field, value in sample.items():
+            if type(value) is bytes and (only is None or field in only):
+                decoder = self.decoder(field)
+                if decoder is not None:
+                    value = decode_value(decoder, sample, field, value)
+            out[field] = value
+        return out
 
 
 def decode_field(sample: Mapping[str, Any], field: str, table: Mapping[str, Decoder | None]) -> Any:
@@ -356,6 +397,15 @@ def decode_field(sample: Mapping[str, Any], field: str, table: Mapping[str, Deco
     decoder = decoder_for(table, field) if isinstance(value, bytes) else None
     if decoder is None:
         return value
+    return decode_value(decoder, sample, field, value)
+
+
+def decode_value(decoder: Decoder, sample: Mapping[str, Any], field: str, value: bytes) -> Any:
+    """``decoder(value)``, a failure raised as the :class:`DecodeError` naming the sample.
+
+    Raises:
+        DecodeError: The decoder failed (:class:`UnsafeDataError` for refused content).
+    """
     try:
         return decoder(value)
     except Exception as exc:

@@ -1,30 +1,16 @@
-"""Resumable reading: what ``open_tar`` and ``ShardStream`` share to save and restore an epoch.
+"""Reading shards epoch by epoch, resumably: what ``open_tar`` and ``ShardStream`` hold.
 
-:class:`EpochRun` reads a worker's shard parts (taken lazily from the pipe's source, so an
-endless source works too), shuffles through a buffer if asked, and knows, at every point
-where the pipe yields, where it is — as a small, plain state:
-
-* **cursor**: how many parts were taken, and the byte offset (uncompressed) and shard
-  index of the next sample in the last one, with a digest of the parts so far;
-* **shuffle**: the buffer's samples as references ``(shard, start, end)``, not their
-  bytes, and the buffer's ``random.Random`` state;
-* **ahead**: samples taken out of the buffer but not yet yielded (decode threads read a
-  few ahead), as references too.
-
-Restoring re-reads only the referenced samples (one ranged read each; a gzip shard is
-decompressed once from its start) and goes on from the cursor: nothing consumed is read
-again, beyond the buffer's samples and the rest of the cursor's read block.
-:class:`ResumableReading` gives a pipe ``state_dict`` / ``load_state_dict`` on top.
+:class:`ShardReading` runs a worker's epoch (:class:`~shardpipes._core.run.EpochRun`) and
+saves and restores its position; :class:`ShuffleBuffer` holds a stage's shuffle-buffer
+settings and :func:`buffer_seed` the seed a worker's buffer takes.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
-import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import IterDataPipe, get_worker_info
@@ -32,27 +18,24 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.policy import Stats
+from shardpipes._core.run import EpochRun, Shuffling
 from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
+from shardpipes._core.steps import InFlight
+from shardpipes.pipes.reader import ShardReader
 from shardpipes.pipes.shards import ShardSplitter, worker_placement
-
-if TYPE_CHECKING:
-    from shardpipes.pipes.tar import ShardReader
 
 __all__ = [
     "VERSION",
-    "EpochRun",
-    "ResumableReading",
+    "ShardReading",
     "ShuffleBuffer",
-    "Shuffling",
     "buffer_seed",
     "pipe_stats",
+    "readings",
     "splitters",
 ]
 
 VERSION = 1
-
-Shuffling = tuple[int, "int | Callable[[], int]"]  # (buffer size, seed or a function of it)
 
 
 class ShuffleBuffer:
@@ -106,168 +89,19 @@ def buffer_seed(source: IterDataPipe[Any], fixed: int | None, shared: int | None
     return int.from_bytes(digest[:8], "little")
 
 
-class EpochRun:
-    """The reading and shuffling of one epoch, with its position.
-
-    Args:
-        reader: Reads parts (with byte spans) and re-reads samples by range.
-        parts: This worker's parts for the epoch, in order (read lazily).
-        buffer_size: Shuffle buffer size; below 2, no shuffling.
-        seed: Seed of the buffer's generator, or a function giving it, called when the
-            first part has been taken (once the split, hence the epoch and the worker, is
-            known).
-        position: A saved :meth:`position` to resume from.
-    """
-
-    def __init__(
-        self,
-        reader: ShardReader,
-        parts: Iterable[ShardPart],
-        *,
-        buffer_size: int,
-        seed: int | Callable[[], int],
-        position: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.reader = reader
-        self.parts = parts
-        self.size = buffer_size if buffer_size >= 2 else 0
-        self.rng = random.Random(0)
-        self.seed = seed  # a function: called at the first part (not when restoring)
-        if not callable(seed):
-            self.rng.seed(seed)
-        self.taken = 0  # parts taken from `parts`; the last one is being read
-        self.digest = hashlib.sha1(usedforsecurity=False)  # of the parts taken
-        self.last: Located | None = None  # the last sample read from the part being read
-        self.at: tuple[int, int] | None = None  # where to resume that part
-        self.buffer: list[Located] = []
-        self.draining = False  # the parts are all read; the buffer empties
-        self.ahead: list[Located] = []  # restored samples to give out before anything else
-        self.chunk: list[Located] = []  # decode threads: taken out of the buffer ...
-        self.chunk_done = 0  # ... of which this many are yielded
-        self.done = False
-        self.restoring: Mapping[str, Any] | None = position
-        if position is not None:
-            self._restore(position)
-
-    # -- running --------------------------------------------------------------------------
-
-    def located(self) -> Iterator[Located]:
-        """The epoch's samples, shuffled, as ``Located`` tuples."""
-        if self.done:  # restored from the end of an epoch
-            return
-        while self.ahead:
-            yield self.ahead.pop(0)
-        source = itertools.chain.from_iterable(self._read())
-        if not self.size:
-            for loc in source:
-                self.last = loc
-                yield loc
-            return
-        buffer, rng, size = self.buffer, self.rng, self.size
-        if not self.draining:
-            # as torch's Shuffler: swap each new sample with a random buffered one
-            for loc in source:
-                self.last = loc
-                if len(buffer) < size:
-                    buffer.append(loc)
-                    continue
-                i = rng.randrange(size)
-                buffer[i], loc = loc, buffer[i]
-                yield loc
-            rng.shuffle(buffer)
-            self.draining = True
-        while buffer:
-            yield buffer.pop()
-
-    def _read(self) -> Iterator[Iterator[Located]]:
-        """Each part's samples in turn (skipping, when restoring, the parts done before)."""
-        saved = self.restoring
-        skip = saved["cursor"][0] if saved is not None else 0
-        if self.draining:
-            return
-        for n, part in enumerate(self.parts, start=1):
-            if n == 1 and saved is None and self.size and callable(self.seed):
-                self.rng.seed(self.seed())
-            self.digest.update(repr(tuple(part)).encode())
-            if n < skip:
-                continue
-            at = None
-            if n == skip and saved is not None:
-                self._check(saved)
-                at = self.at
-            self.taken, self.last, self.at, self.restoring = n, None, at, None
-            yield self.reader.samples(part, spans=True, at=at)
-        if self.restoring is not None:  # fewer parts than when it was saved
-            self._check(self.restoring)
-
-    def _check(self, saved: Mapping[str, Any]) -> None:
-        if saved["digest"] != self.digest.hexdigest()[:16]:
-            msg = (
-                f"the state was saved for another split of the shards (its first "
-                f"{saved['cursor'][0]} parts differ from this worker's): it needs the same "
-                "shards, seed, epoch, even= and numbers of workers and ranks"
-            )
-            raise ValueError(msg)
-
-    # -- state ----------------------------------------------------------------------------
-
-    def position(self) -> dict[str, Any]:
-        """Where the epoch is, as plain data (see the module docstring)."""
-        shards: dict[str, int] = {}
-
-        def refs(locs: Sequence[Located]) -> list[list[int]]:
-            return [
-                [shards.setdefault(loc.sample["__url__"], len(shards)), loc.start, loc.end]
-                for loc in locs
-            ]
-
-        digest = self.digest.hexdigest()[:16]
-        if self.restoring is not None:  # restored, no part read since
-            cursor, digest = list(self.restoring["cursor"]), self.restoring["digest"]
-        elif self.last is not None:
-            cursor = [self.taken, self.last.end, self.last.nth + 1]
-        elif self.at is not None:
-            cursor = [self.taken, *self.at]
-        else:
-            cursor = [self.taken, -1, -1]  # the start of the part
-        return {
-            "cursor": cursor,
-            "digest": digest,
-            "draining": self.draining,
-            "done": self.done,
-            "buffer": refs(self.buffer),
-            "ahead": refs([*self.ahead, *self.chunk[self.chunk_done :]]),
-            "shards": list(shards),
-            "rng": _rng_state(self.rng),
-        }
-
-    def _restore(self, position: Mapping[str, Any]) -> None:
-        _, offset, index = position["cursor"]
-        self.at = None if offset < 0 else (offset, index)
-        self.draining, self.done = position["draining"], position["done"]
-        version, internal, gauss = position["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
-        shards = position["shards"]
-        wanted: dict[int, list[tuple[int, int]]] = {}
-        for shard, start, end in (*position["buffer"], *position["ahead"]):
-            wanted.setdefault(shard, []).append((start, end))
-        found = {shard: self.reader.fetch(shards[shard], spans) for shard, spans in wanted.items()}
-
-        def rebuild(refs: list[list[int]]) -> list[Located]:
-            return [Located(found[s][start], start, end, -1) for s, start, end in refs]
-
-        self.buffer = rebuild(position["buffer"])
-        self.ahead = rebuild(position["ahead"])
-
-
-def _rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
 def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
     return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+
+
+def readings(pipe: IterDataPipe[Any]) -> list[ShardReading]:
+    """The :class:`ShardReading` of each reading stage of a pipeline, in a stable order."""
+    found = []
+    for stage in get_all_graph_pipes(traverse_dps(pipe)):
+        reading = getattr(stage, "reading", None)
+        if isinstance(reading, ShardReading):
+            found.append(reading)
+    return found
 
 
 def pipe_stats(pipe: IterDataPipe[Any]) -> Stats:
@@ -282,102 +116,94 @@ def pipe_stats(pipe: IterDataPipe[Any]) -> Stats:
         >>> sp.pipe_stats(sp.list_shards(["a.tar"]).open_tar().batch(2)).read
         0
     """
-    policies = {
-        id(s.reader.policy): s.reader.policy
-        for s in get_all_graph_pipes(traverse_dps(pipe))
-        if isinstance(s, ResumableReading)
-    }
+    policies = {id(r.reader.policy): r.reader.policy for r in readings(pipe)}
     return sum((p.stats() for p in policies.values()), Stats())
 
 
-class ResumableReading:
-    """``state_dict`` / ``load_state_dict`` for a pipe that reads shards through an EpochRun.
+class ShardReading:
+    """The reading of a pipe's shards, epoch by epoch, with ``state_dict``/``load_state_dict``.
 
-    The pipe (``open_tar``, ``ShardStream``) has ``source_datapipe`` (shard URLs or parts)
-    and ``reader``; it calls :meth:`_begin` in ``__iter__`` and iterates
-    ``run.located()``, calling :meth:`_ended` when the epoch is over. Its state holds the
-    upstream ``split_shards`` states too, so one state restores the shard order.
+    ``open_tar`` and ``ShardStream`` each hold one: it takes the parts from the pipe's
+    source, runs the epoch (:class:`~shardpipes._core.run.EpochRun`), and saves and
+    restores where it is, with the upstream ``split_shards`` states so that one state
+    restores the shard order too.
+
+    Args:
+        source: The pipe of shard URLs or parts (``split_shards``).
+        reader: Reads the parts.
     """
 
-    source_datapipe: IterDataPipe[Any]
-    reader: ShardReader
-    _epoch: EpochRun | None = None
-    _loaded: dict[str, Any] | None = None
+    def __init__(self, source: IterDataPipe[Any], reader: ShardReader) -> None:
+        self.source, self.reader = source, reader
+        self.run: EpochRun | None = None
+        self.flight = InFlight()  # decode threads' samples in flight, for the state
+        self._loaded: dict[str, Any] | None = None
+        self._at_start: dict[str, Any] | None = None
 
-    def _begin(self, shuffling: Shuffling = (0, 0)) -> Iterator[Located]:
+    def begin(self, shuffling: Shuffling = (0, 0)) -> Iterator[Located]:
         """Start an epoch (from a loaded state, if any): its samples, as ``Located``.
 
         Args:
             shuffling: ``(buffer size, seed)`` of the epoch's shuffle buffer (see
-                :class:`EpochRun`); by default none.
+                :class:`~shardpipes._core.run.EpochRun`); by default none.
         """
-        self._epoch, loaded, self._loaded = None, self._loaded, None
-        self._state_at_start = loaded or self._fresh()
+        self.run, loaded, self._loaded = None, self._loaded, None
+        self.flight = InFlight()
+        self._at_start = loaded or self._fresh()
         info = get_worker_info()
         self.reader.policy.begin(*((info.id, info.num_workers) if info is not None else (0, 1)))
-        return self._run((loaded or {}).get("position"), shuffling)
+        return self._located((loaded or {}).get("position"), shuffling)
 
-    def _run(self, position: Mapping[str, Any] | None, shuffling: Shuffling) -> Iterator[Located]:
-        parts = (p if isinstance(p, ShardPart) else ShardPart(p) for p in self.source_datapipe)
+    def _located(
+        self, position: Mapping[str, Any] | None, shuffling: Shuffling
+    ) -> Iterator[Located]:
+        parts = (p if isinstance(p, ShardPart) else ShardPart(p) for p in self.source)
         size, seed = shuffling
-        epoch = EpochRun(self.reader, parts, buffer_size=size, seed=seed, position=position)
-        self._epoch = epoch
-        yield from epoch.located()
-
-    def _ended(self) -> None:
-        if self._epoch is not None:
-            self._epoch.done = True
+        run = EpochRun(
+            self.reader, parts, buffer_size=size, seed=seed, position=position, flight=self.flight
+        )
+        self.run = run
+        yield from run.located()
+        run.done = True
         self.reader.policy.end()
 
     def stats(self) -> Stats:
-        """What the current (or last) epoch read and skipped, over all DataLoader workers.
-
-        See :class:`~shardpipes.Stats`; counted by the pipe's
-        :class:`~shardpipes.ErrorPolicy` (its ``handler``).
-        """
+        """What the current (or last) epoch read and skipped, over all DataLoader workers."""
         return self.reader.policy.stats()
 
     def _fresh(self) -> dict[str, Any]:
         return {"version": VERSION, "splitters": self._splitter_states(), "position": None}
 
     def _splitter_states(self) -> list[dict[str, Any]]:
-        return [s.state_dict() for s in splitters(self.source_datapipe)]
+        return [s.state_dict() for s in splitters(self.source)]
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this pipe is in its epoch: plain data for a checkpoint.
-
-        Taken between two items it yields, it holds the epoch's shard order and split
-        (the ``split_shards`` states, checked on restore), the number of parts read and the
-        byte offset and index of the next sample, and — for a shuffle buffer — the buffered
-        samples as references ``(shard, start, end)`` with the buffer's random state. A
-        full 5,000-sample buffer takes about 120 KB of JSON. Hand the pipe to
-        ``StatefulDataLoader`` through :class:`~shardpipes.Resumable`.
-        """
-        if self._epoch is None:  # nothing read in this epoch yet
-            return dict(self._loaded or getattr(self, "_state_at_start", None) or self._fresh())
+        """Where the reading is in its epoch, as plain data (see the pipes' ``state_dict``)."""
+        if self.run is None:  # nothing read in this epoch yet
+            return dict(self._loaded or self._at_start or self._fresh())
         return {
             "version": VERSION,
             "splitters": self._splitter_states(),
-            "position": self._epoch.position(),
+            "position": self.run.position(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume, at the next iteration, from a :meth:`state_dict` of this pipeline.
+        """Resume, at the next epoch begun, from a :meth:`state_dict`.
 
         Raises:
             ValueError: If the state is not one of this kind and version, or its
-                ``split_shards`` states do not fit this pipe; a state of another shard
-                list, seed, split or worker raises when iteration starts, saying which.
+                ``split_shards`` states do not fit; a state of another shard list, seed,
+                split or worker raises when iteration starts, saying which.
         """
         if not isinstance(state, Mapping) or state.get("version") != VERSION:
             found = state.get("version") if isinstance(state, Mapping) else type(state).__name__
             msg = f"not a shardpipes reading state of version {VERSION} (got version {found!r})"
             raise ValueError(msg)
-        stages = splitters(self.source_datapipe)
+        stages = splitters(self.source)
         saved = state.get("splitters", [])
         if len(saved) != len(stages):
             msg = f"the state has {len(saved)} split_shards stages, this pipe {len(stages)}"
             raise ValueError(msg)
         for splitter, sub in zip(stages, saved, strict=True):
             splitter.load_state_dict(sub)
-        self._loaded, self._epoch = dict(state), None
+        self._loaded, self.run = dict(state), None

@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import functools
+import io
+import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy
+import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes._core.decoders import (
     Decoder,
+    Decoding,
     check_allow_pickle,
     check_image_mode,
-    decode_sample,
     default_decoders,
 )
-from shardpipes._core.handlers import Handler, check_handler, handle
-from shardpipes.errors import DecodeError
+from shardpipes._core.handlers import Handler, check_handler
+from shardpipes._core.steps import guarded
+from shardpipes.errors import UnsafeDataError
 from shardpipes.pipes._length import source_length
+from shardpipes.pipes._stage import SampleStage, upstream
 
-__all__ = ["SampleDecoder", "decoder_table"]
+__all__ = ["SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
 
 
 @functional_datapipe("decode")
-class SampleDecoder(IterDataPipe[dict[str, Any]]):
+class SampleDecoder(SampleStage):
     """Decodes the fields of each sample by extension (functional name: ``decode``).
 
     Each field is decoded by the decoder for its full extension (``"seg.png"``) if there
@@ -86,6 +93,7 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
         overrides: Mapping[str, Decoder | None] | None = None,
         **decoders: Decoder | None,
     ) -> None:
+        super().__init__()
         self.source_datapipe = source_datapipe
         self.image = check_image_mode(image)
         self.resize, self.crop = resize, crop
@@ -94,23 +102,43 @@ class SampleDecoder(IterDataPipe[dict[str, Any]]):
         self.allow_pickle = allow_pickle
         self.overrides = dict(overrides or {})
         self.decoders = decoders
-        self._table = decoder_table(
-            image, resize=resize, crop=crop, allow_pickle=allow_pickle,
-            overrides={**self.overrides, **decoders},
+        self._decoding = Decoding(
+            decoder_table(
+                image, resize=resize, crop=crop, allow_pickle=allow_pickle,
+                overrides={**self.overrides, **decoders},
+            )
         )  # fmt: skip
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for sample in self.source_datapipe:
-            try:
-                decoded = decode_sample(sample, self._table)
-            except DecodeError as exc:
-                context = {"url": exc.url, "member": exc.member, "key": exc.key}
-                handle(self.handler, exc, stage="decode", **context)
-                continue
-            yield decoded
+    def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
+        decode = functools.partial(self._decoding.sample, only=wanted)
+        return guarded(upstream(self.source_datapipe, wanted), decode, self.handler)
 
     def __len__(self) -> int:
         return source_length(self)
+
+
+def chw_tensor(array: numpy.ndarray[Any, Any]) -> torch.Tensor:
+    """A uint8 HWC image array as the CHW tensor torchvision's transforms take."""
+    return torch.from_numpy(array.transpose(2, 0, 1).copy())
+
+
+def load_weights(data: bytes) -> Any:
+    """A ``pth``/``pt`` member: ``torch.load`` with ``weights_only=True``.
+
+    Raises:
+        UnsafeDataError: The member holds more than tensors and plain data (loading it
+            would unpickle it, which executes arbitrary code).
+    """
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights_only" not in str(exc).lower().replace(" ", "_"):
+            raise
+        problem = (
+            "refused to load a torch member holding more than tensors and plain data: "
+            "torch.load(weights_only=False) would unpickle it, which executes arbitrary code"
+        )
+        raise UnsafeDataError(problem) from exc
 
 
 def decoder_table(
@@ -122,7 +150,10 @@ def decoder_table(
     overrides: Mapping[str, Decoder | None] | None = None,
 ) -> dict[str, Decoder | None]:
     """The default decoders for these options, with ``overrides`` (checked) on top."""
-    table = default_decoders(image, allow_pickle=allow_pickle, resize=resize, crop=crop)
+    table = default_decoders(
+        image, allow_pickle=allow_pickle, resize=resize, crop=crop,
+        tensor=chw_tensor, weights=load_weights,
+    )  # fmt: skip
     for ext, decoder in (overrides or {}).items():
         if decoder is not None and not callable(decoder):
             msg = f"decoder for {ext!r} must be callable or None (got {decoder!r})"

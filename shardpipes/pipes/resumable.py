@@ -12,7 +12,7 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.policy import Stats
-from shardpipes.pipes._epoch import VERSION, ResumableReading, pipe_stats
+from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, readings
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.shards import (
@@ -163,16 +163,17 @@ _PASSING = (
 )
 
 
-def reading_stages(pipe: IterDataPipe[Any]) -> list[ResumableReading]:
-    """The pipeline's resumable reading stages, after checking that it is resumable.
+def reading_stages(pipe: IterDataPipe[Any]) -> list[ShardReading]:
+    """The readings of the pipeline's reading stages, after checking that it is resumable.
 
     Raises:
         ValueError: If a stage keeps items in memory between yields (torch's ``shuffle``,
             ``fork``, ``zip``…) or is unknown: its state could not be restored.
     """
-    stages = get_all_graph_pipes(traverse_dps(pipe))
-    for stage in stages:
-        if not isinstance(stage, (ResumableReading, ShardLister, ShardSplitter, *_PASSING)):
+    for stage in get_all_graph_pipes(traverse_dps(pipe)):
+        if not isinstance(getattr(stage, "reading", None), ShardReading) and not isinstance(
+            stage, (ShardLister, ShardSplitter, *_PASSING)
+        ):
             msg = (
                 f"a pipeline with {type(stage).__name__} cannot be resumed exactly: it holds "
                 "items between two batches that a checkpoint cannot describe. Resumable "
@@ -183,9 +184,9 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ResumableReading]:
                 "do not resume, use torch.utils.data.DataLoader"
             )
             raise ValueError(msg)
-    return [s for s in stages if isinstance(s, ResumableReading)]
+    return readings(pipe)
 
 
 def reads_shards(pipe: IterDataPipe[Any]) -> bool:
     """Whether the pipeline has a reading stage (``open_tar``, ``ShardStream``…)."""
-    return any(isinstance(s, ResumableReading) for s in get_all_graph_pipes(traverse_dps(pipe)))
+    return bool(readings(pipe))

@@ -9,13 +9,14 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from shardpipes._core.samples import Sample
 from shardpipes.pipes._epoch import ShuffleBuffer
 from shardpipes.pipes._length import no_length
+from shardpipes.pipes._stage import SampleStage
 from shardpipes.pipes.tar import TarOpener
 
 __all__ = ["SampleShuffler"]
 
 
 @functional_datapipe("shuffle_samples")
-class SampleShuffler(IterDataPipe[Sample]):
+class SampleShuffler(SampleStage):
     """Shuffle samples through a buffer, resumably (functional name: ``shuffle_samples``).
 
     What torch's ``shuffle(buffer_size=...)`` does — each new sample takes the place of a
@@ -61,7 +62,8 @@ class SampleShuffler(IterDataPipe[Sample]):
                 f"read, which a checkpoint saves as byte ranges (got {got})"
             )
             raise TypeError(msg)
-        self.source_datapipe = source_datapipe
+        super().__init__()
+        self.source_datapipe: TarOpener = source_datapipe
         self.buffer = ShuffleBuffer(buffer_size, seed)
 
     def set_seed(self, seed: int) -> SampleShuffler:
@@ -74,8 +76,8 @@ class SampleShuffler(IterDataPipe[Sample]):
         self.buffer.enabled = bool(shuffle)
         return self
 
-    def __iter__(self) -> Iterator[Sample]:
-        opener = self.source_datapipe  # its reading run holds the buffer, and saves it
+    def _stream(self, wanted: frozenset[str] | None) -> Iterator[Sample]:
+        opener = self.source_datapipe  # its reading holds the buffer, and saves it
         return opener.samples(self.buffer.shuffling(opener.source_datapipe))
 
     def __len__(self) -> int:

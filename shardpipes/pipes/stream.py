@@ -1,59 +1,46 @@
 """The recipes' engine: shard parts in, finished samples or batches out, in one pipe stage.
 
-Every torch ``IterDataPipe`` stage pays its iterator hook (validity check, counter) on every
-item: about 1.3 µs per stage per sample with torch 2.13, more than our tar reader spends
-parsing a small member. :class:`ShardStream` does what the chain ``open_tar`` →
-``shuffle`` → ``decode`` → ``to_tuple`` → ``map`` → ``batch`` → ``collate`` does, with the
-same code for each step (:class:`~shardpipes.pipes.tar.ShardReader`,
-:func:`~shardpipes.pipes.decode.decoder_table`, :func:`~shardpipes.pipes.fields.pick`,
-:func:`~shardpipes.pipes.collate.collate_samples`), in one generator: one hook per batch.
-It also decodes only the fields it keeps.
+:class:`ShardStream` does what the chain ``open_tar`` → ``shuffle_samples`` → ``decode``
+→ ``to_tuple`` → ``map`` → ``batch`` → ``collate`` does, composed of the same pieces
+(:class:`~shardpipes.pipes.reader.ShardReader` and the epoch's reading, then
+:class:`~shardpipes._core.steps.Finisher`'s decode, pick and transform through
+:func:`~shardpipes._core.steps.guarded`, then :func:`~shardpipes._core.steps.batches` of
+:func:`~shardpipes.collate_samples`) in one generator. It adds decode threads.
 """
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes._core.decoders import (
-    Decoder,
-    check_image_mode,
-    decode_sample,
-    decoder_for,
-    located,
-)
-from shardpipes._core.handlers import Handler, handle
-from shardpipes._core.policy import as_policy
-from shardpipes._core.samples import Located, SampleTuple
+from shardpipes._core.decoders import Decoder, Decoding, check_image_mode
+from shardpipes._core.fields import parse_fields
+from shardpipes._core.policy import Stats
 from shardpipes._core.split import ShardPart
-from shardpipes._core.tar import MAX_MEMBER_BYTES
-from shardpipes.errors import DecodeError, MissingFieldError
-from shardpipes.pipes._epoch import ResumableReading, ShuffleBuffer
+from shardpipes._core.steps import SKIPPED, Finisher, batches, guard, threaded
+from shardpipes.pipes._epoch import ShardReading, ShuffleBuffer
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import decoder_table
-from shardpipes.pipes.fields import parse_fields, pick
+from shardpipes.pipes.reader import ReadOptions, ShardReader
 from shardpipes.pipes.shards import set_epoch
-from shardpipes.pipes.tar import ShardReader
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ShardStream"]
 
-_SKIPPED = object()  # what _finish returns for a sample the handler skipped
 
-
-class ShardStream(ResumableReading, IterDataPipe[Any]):
+class ShardStream(IterDataPipe[Any]):
     """Read, shuffle, decode, pick fields, transform and batch, in one stage.
 
-    Equivalent to ``source.open_tar(...)``, then ``.shuffle(buffer_size=...)``,
+    Equivalent to ``source.open_tar(...)``, then ``.shuffle_samples(buffer_size=...)``,
     ``.decode(image, resize=..., crop=...)``, ``.to_tuple(*fields)``, a ``map`` of
-    ``transform`` over the first field, and ``.batch(batch_size).collate(collate_samples)``,
-    with the handler of each stage. The recipes build on it; use it directly for a
-    pipeline that is all of those steps and needs to be fast on small samples.
+    ``transform`` over the first field, and ``.batch(batch_size).collate()``, with one
+    error policy for every step, and made of the same pieces. The recipes build on it.
 
     Args:
         source_datapipe: Shard URLs or :class:`~shardpipes._core.split.ShardPart` items
@@ -73,8 +60,6 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         seed: The buffer's seed; by default the fixed ``seed`` of the ``split_shards``
             stage upstream, else the DataLoader's. With a seed the buffer's order is a
             function of ``(seed, epoch, worker)``: the same on every run.
-        storage_options: Passed to the fsspec filesystem.
-        handler: Error policy of every step (see ``open_tar``).
         index: As for ``open_tar``.
         allow_pickle: As for ``decode``.
         decoders: Extension to decoder (or ``None``), over the defaults.
@@ -82,11 +67,8 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
             releases the GIL while it decodes and resizes, so this uses idle cores when
             there are fewer DataLoader workers than cores (``num_workers=0`` above all).
             Below 2: no pool.
-        retries: As for ``open_tar``.
-        cache_dir: As for ``open_tar``.
-        cache_size: As for ``open_tar``.
-        max_member_bytes: As for ``open_tar``.
-        max_errors: As for ``open_tar``.
+        **options: The reading options (:class:`~shardpipes.ReadOptions`), the
+            ``handler`` (and ``max_errors``) serving every step.
     """
 
     def __init__(
@@ -102,43 +84,31 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         drop_last: bool = False,
         buffer_size: int = 0,
         seed: int | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        handler: Handler = "raise",
         index: bool | Mapping[str, str] = False,
         allow_pickle: bool | Iterable[str] = False,
         decoders: Mapping[str, Decoder | None] | None = None,
         threads: int = 0,
-        retries: int = 5,
-        cache_dir: str | None = None,
-        cache_size: int | str | None = None,
-        max_member_bytes: int = MAX_MEMBER_BYTES,
-        max_errors: int | float | None = None,
+        **options: Unpack[ReadOptions],
     ) -> None:
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             msg = f"batch_size must be a positive int or None (got {batch_size!r})"
             raise ValueError(msg)
+        if not isinstance(threads, int) or threads < 0:
+            msg = f"threads must be a non-negative int (got {threads!r})"
+            raise ValueError(msg)
         self.source_datapipe = source_datapipe
         self.fields = tuple(fields)
         self.image = check_image_mode(image)
         self.transform = transform
-        self.batch_size, self.drop_last = batch_size, drop_last
-        if not isinstance(threads, int) or threads < 0:
-            msg = f"threads must be a non-negative int (got {threads!r})"
-            raise ValueError(msg)
-        self.threads = threads
+        self.batch_size, self.drop_last, self.threads = batch_size, drop_last, threads
         self.buffer = ShuffleBuffer(buffer_size, seed)
-        self.handler = as_policy(handler, max_errors)  # ErrorPolicy checks the handler
-        self.reader = ShardReader(
-            storage_options=storage_options, handler=self.handler, index=index,
-            retries=retries, cache_dir=cache_dir, cache_size=cache_size,
-            max_member_bytes=max_member_bytes,
-        )  # fmt: skip
-        self._alternatives = parse_fields(self.fields) if self.fields else ()
-        self._table = decoder_table(
+        self.reading = ShardReading(source_datapipe, ShardReader(index=index, **options))
+        table = decoder_table(
             image, resize=resize, crop=crop, allow_pickle=allow_pickle, overrides=decoders
         )
-        self._decoders: dict[str, Decoder | None] = {}
+        alternatives = parse_fields(self.fields) if self.fields else ()
+        self._finish = Finisher(Decoding(table), alternatives, transform)
 
     def set_seed(self, seed: int) -> ShardStream:
         """Seed the shuffle buffer for the next epoch (the DataLoader calls this).
@@ -163,76 +133,52 @@ class ShardStream(ResumableReading, IterDataPipe[Any]):
         return self
 
     def __iter__(self) -> Iterator[Any]:
-        # not a generator function: the epoch begins (and state_dict sees it) at iter()
-        return self._batches(self._begin(self.buffer.shuffling(self.source_datapipe)))
+        # a generator: torch's hook names this stage in the errors raised in it
+        policy = self.reading.reader.policy
+        located = self.reading.begin(self.buffer.shuffling(self.source_datapipe))
+        finish = guard(compose(self._finish, _sample), policy)
+        if self.threads < 2:
+            finished: Iterator[Any] = (out for out in map(finish, located) if out is not SKIPPED)
+        else:
+            size = max(self.threads, self.batch_size or 1) * 2
+            finished = threaded(located, finish, self.threads, size, self.reading.flight)
+        if self.batch_size is None:
+            yield from finished
+        else:
+            yield from batches(finished, self.batch_size, collate_samples, drop_last=self.drop_last)
 
     def __len__(self) -> int:
         no_length(self)
 
-    def _batches(self, located: Iterator[Located]) -> Iterator[Any]:
-        finished = self._finished(located)
-        if self.batch_size is None:
-            yield from finished
-        else:
-            batch: list[Any] = []
-            for sample in finished:
-                batch.append(sample)
-                if len(batch) == self.batch_size:
-                    yield collate_samples(batch)
-                    batch = []
-            if batch and not self.drop_last:
-                yield collate_samples(batch)
-        self._ended()
+    def stats(self) -> Stats:
+        """What the current (or last) epoch read and skipped, over all DataLoader workers.
 
-    def _finish(self, sample: dict[str, Any]) -> Any:
-        """Decode, pick and transform one sample; ``_SKIPPED`` when the handler skips it."""
-        try:
-            if not self._alternatives:
-                out: Any = decode_sample(sample, self._table)
-                return out if self.transform is None else self.transform(out)
-            values = []
-            for names in self._alternatives:
-                field = names[0] if names[0] in sample else pick(sample, names)
-                value = sample[field]
-                if field in self._decoders:  # decoder_for() of each field seen, cached
-                    decoder = self._decoders[field]
-                else:
-                    decoder = self._decoders[field] = decoder_for(self._table, field)
-                if decoder is not None and isinstance(value, bytes):
-                    try:
-                        value = decoder(value)
-                    except Exception as exc:
-                        raise located(exc, sample, field) from exc
-                values.append(value)
-            if self.transform is not None:
-                values[0] = self.transform(values[0])
-            return SampleTuple(values)
-        except MissingFieldError as exc:
-            handle(self.handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
-        except DecodeError as exc:
-            context = {"url": exc.url, "member": exc.member, "key": exc.key}
-            handle(self.handler, exc, stage="decode", **context)
-        return _SKIPPED
+        See :class:`~shardpipes.Stats`; counted by the pipe's
+        :class:`~shardpipes.ErrorPolicy` (its ``handler``).
+        """
+        return self.reading.stats()
 
-    def _finished(self, located: Iterator[Located]) -> Iterator[Any]:
-        if self.threads < 2:
-            finished: Iterator[Any] = map(self._finish, map(_sample, located))
-        else:
-            finished = self._threaded(located)
-        return (out for out in finished if out is not _SKIPPED)
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pipe is in its epoch: plain data for a checkpoint.
 
-    def _threaded(self, located: Iterator[Located]) -> Iterator[Any]:
-        """``_finish`` on a thread pool, in order, a few batches' worth at a time."""
-        size = max(self.threads, self.batch_size or 1) * 2
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="shardpipes-decode") as pool:
-            while chunk := list(itertools.islice(located, size)):
-                epoch = self._epoch
-                assert epoch is not None  # located() has begun
-                epoch.chunk, epoch.chunk_done = chunk, 0  # in flight, for state_dict
-                for out in pool.map(self._finish, map(_sample, chunk)):
-                    epoch.chunk_done += 1
-                    yield out
-                epoch.chunk = []
+        As for ``open_tar``'s (the shard order and split, the cursor, the shuffle buffer
+        as byte ranges), plus the samples taken by decode threads but not yet yielded.
+        The plain ``StatefulDataLoader`` saves it, with any ``num_workers``.
+        """
+        return self.reading.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume, at the next iteration, from a :meth:`state_dict` of this pipeline.
+
+        Raises:
+            ValueError: If the state does not fit this pipe (see ``open_tar``'s).
+        """
+        self.reading.load_state_dict(state)
+
+
+def compose(outer: Callable[[Any], Any], inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``outer(inner(x))``."""
+    return lambda x: outer(inner(x))
 
 
 _sample = operator.itemgetter(0)  # Located -> its sample

@@ -21,7 +21,6 @@ def one_tar(
     *,
     index: bool | Mapping[str, str],
     even: bool = False,
-    storage_options: Mapping[str, Any] | None,
     **options: Any,
 ) -> IterDataPipe[Any]:
     """(image, label) pairs from one tar split across workers by sample (streamed or indexed).
@@ -31,6 +30,7 @@ def one_tar(
     if not isinstance(url, str):
         msg = f"url must be one URL string (got {type(url).__name__}); use tar_shards for several"
         raise TypeError(msg)
+    storage_options = options.get("storage_options")
     lister = ShardLister(url, storage_options=storage_options)
     shards = ShardSplitter(
         lister, even=even, storage_options=storage_options,
@@ -40,6 +40,5 @@ def one_tar(
         shards,
         fields=(IMAGE_FIELDS, LABEL_FIELDS),
         index=index,
-        storage_options=storage_options,
         **options,
     )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes._core.handlers import Handler
-from shardpipes._core.tar import MAX_MEMBER_BYTES
+from shardpipes.pipes.reader import ReadOptions
 from shardpipes.recipes._stream import one_tar
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["indexed_tar"]
 
@@ -26,13 +28,7 @@ def indexed_tar(
     drop_last: bool = False,
     threads: int = 0,
     even: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-    handler: Handler = "raise",
-    retries: int = 5,
-    cache_dir: str | None = None,
-    cache_size: int | str | None = None,
-    max_errors: int | float | None = None,
-    max_member_bytes: int = MAX_MEMBER_BYTES,
+    **options: Unpack[ReadOptions],
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from one big tar split by an index, as tfrecord does.
 
@@ -54,14 +50,11 @@ def indexed_tar(
         threads: Decode threads per worker, as for :func:`~shardpipes.recipes.tar_shards`.
         even: As for :func:`~shardpipes.recipes.tar_shards`: the same number of samples
             on every worker and rank, fewer than ``total workers`` dropped per epoch.
-        storage_options: Passed to the fsspec filesystem.
-        retries: As for :func:`~shardpipes.recipes.tar_shards`.
-        cache_dir: As for :func:`~shardpipes.recipes.tar_shards` (a shard read by parts,
-            with workers, is read from the cache but does not fill it).
-        cache_size: As for :func:`~shardpipes.recipes.tar_shards`.
-        handler: As for :func:`~shardpipes.recipes.tar_shards`; ``stats()`` counts.
-        max_errors: As for :func:`~shardpipes.recipes.tar_shards`.
-        max_member_bytes: As for :func:`~shardpipes.recipes.tar_shards`.
+        **options: The reading options (:class:`~shardpipes.ReadOptions`, one
+            ``handler`` for every step; ``stats()`` counts what it skipped):
+            ``storage_options``, ``handler``, ``max_errors``, ``retries``, ``cache_dir``
+            (a shard read by parts, with workers, is read from the cache but does not fill
+            it), ``cache_size``, ``max_member_bytes``.
 
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
@@ -80,11 +73,5 @@ def indexed_tar(
         drop_last=drop_last,
         threads=threads,
         even=even,
-        storage_options=storage_options,
-        handler=handler,
-        retries=retries,
-        cache_dir=cache_dir,
-        cache_size=cache_size,
-        max_errors=max_errors,
-        max_member_bytes=max_member_bytes,
+        **options,
     )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes._core.handlers import Handler
-from shardpipes._core.tar import MAX_MEMBER_BYTES
+from shardpipes.pipes.reader import ReadOptions
 from shardpipes.pipes.shards import ShardLister, ShardSplitter
 from shardpipes.pipes.stream import ShardStream
 from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["tar_shards"]
 
@@ -32,13 +34,7 @@ def tar_shards(
     drop_last: bool = False,
     threads: int = 0,
     fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
-    storage_options: Mapping[str, Any] | None = None,
-    handler: Handler = "raise",
-    retries: int = 5,
-    cache_dir: str | None = None,
-    cache_size: int | str | None = None,
-    max_errors: int | float | None = None,
-    max_member_bytes: int = MAX_MEMBER_BYTES,
+    **options: Unpack[ReadOptions],
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from many tar shards: the notebook's one-tar-per-worker loader.
 
@@ -83,20 +79,14 @@ def tar_shards(
         fields: The fields of each sample, in order, each maybe with ``;``-separated
             alternatives; the default is (image, label). ``("bin", "cls")`` reads other
             data; only the named fields are decoded.
-        storage_options: Passed to the fsspec filesystem.
-        retries: Tries again after a transient storage failure (reset, timeout, 5xx),
-            resuming the shard at the byte reached; then a ``StorageError``.
-        cache_dir: Keep remote shards in this local folder as they stream, so later
-            epochs read them from disk; needs ``cache_size``.
-        cache_size: The cache's bound, in bytes or as ``"20GB"`` (least recently used
-            shards are evicted).
-        handler: What every stage does with a bad member, sample or shard: ``"raise"``,
-            ``"warn"`` (skip, and warn naming it), ``"ignore"``, a callable
-            ``(exc, context) -> bool``, or a :class:`~shardpipes.ErrorPolicy`. The pipe's
-            ``stats()`` counts what was read and skipped, over all DataLoader workers.
-        max_errors: The epoch's budget of skipped errors, an int or a fraction of the items
-            seen; past it, ``TooManyErrorsError`` (see :class:`~shardpipes.ErrorPolicy`).
-        max_member_bytes: Refuse a member larger than this (1 GiB) before reading it.
+        **options: The reading options (:class:`~shardpipes.ReadOptions`):
+            ``storage_options`` (passed to the fsspec filesystem); ``handler``, what every
+            stage does with a bad member, sample or shard (``"raise"``, ``"warn"`` to skip
+            and warn naming it, ``"ignore"``, a callable, or an ``ErrorPolicy``: the pipe's
+            ``stats()`` counts what it skipped); ``max_errors``, the epoch's budget of
+            skipped errors; ``retries`` after a transient storage failure (resuming the
+            shard at the byte reached); ``cache_dir`` and ``cache_size``, a local cache of
+            remote shards (least recently used evicted); ``max_member_bytes`` (1 GiB).
 
     Returns:
         A pipe to hand to ``torch.utils.data.DataLoader(pipe, batch_size=…, num_workers=…)``.
@@ -106,6 +96,7 @@ def tar_shards(
         >>> pipe = tar_shards("data/train-{000..099}.tar", image="torch", resize=256,
         ...                   crop=224, batch_size=64)
     """
+    storage_options = options.get("storage_options")
     shards = ShardSplitter(
         ShardLister(urls, storage_options=storage_options),
         shuffle=shuffle, seed=seed, even=even, storage_options=storage_options,
@@ -123,12 +114,6 @@ def tar_shards(
         drop_last=drop_last,
         threads=threads,
         buffer_size=buffer_size,
-        storage_options=storage_options,
-        handler=handler,
-        retries=retries,
-        cache_dir=cache_dir,
-        cache_size=cache_size,
-        max_errors=max_errors,
-        max_member_bytes=max_member_bytes,
+        **options,
     )
     return stream.set_shuffle(shuffle)

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from shardpipes._core.decoders import decode_image, decode_sample, default_decoders
+from shardpipes.pipes.decode import decoder_table
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes.errors import DecodeError, UnsafeDataError
 from shardpipes.pipes.decode import SampleDecoder
@@ -491,7 +492,7 @@ class TestResizeCrop:
         assert (got[0] == 0).all() and (got[-1] == 0).all() and got[8].any()
 
     def test_torch_mode_is_chw_contiguous(self) -> None:
-        got = decode_image(_photo((50, 40), "PNG"), "torch", resize=32, crop=32)
+        got = decoder_table("torch", resize=32, crop=32)["png"](_photo((50, 40), "PNG"))
         assert got.shape == (3, 32, 32) and got.is_contiguous() and got.dtype == torch.uint8
 
     def test_in_the_decode_pipe(self) -> None:

@@ -1,0 +1,62 @@
+"""Picking fields of a sample: ``"jpg;png"`` takes ``jpg`` if the sample has it, else ``png``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardpipes._core.samples import SampleTuple
+from shardpipes.errors import MissingFieldError
+
+__all__ = ["Alternatives", "parse_fields", "pick", "pick_tuple"]
+
+Alternatives = tuple[tuple[str, ...], ...]  # each field's names, in order of preference
+
+
+def _parse_field(field: object) -> tuple[str, ...]:
+    if not isinstance(field, str):
+        msg = f"fields must be strings (got {type(field).__name__})"
+        raise TypeError(msg)
+    alternatives = tuple(name.strip() for name in field.split(";"))
+    if not all(alternatives):
+        msg = f"fields must be names separated by ';' (got {field!r})"
+        raise ValueError(msg)
+    return alternatives
+
+
+def parse_fields(fields: tuple[object, ...]) -> Alternatives:
+    """Split each field spec (``"jpg;png"``) into its alternatives, checking them."""
+    return tuple(_parse_field(field) for field in fields)
+
+
+def pick(sample: Mapping[str, Any], alternatives: tuple[str, ...]) -> str:
+    """The first of ``alternatives`` that ``sample`` has.
+
+    Raises:
+        MissingFieldError: The sample has none of them.
+    """
+    for name in alternatives:
+        if name in sample:
+            return name
+    wanted = " or ".join(repr(name) for name in alternatives)
+    present = sorted(name for name in sample if not name.startswith("__"))
+    problem = f"no field {wanted}; the sample has {present}"
+    raise MissingFieldError(
+        problem,
+        url=sample.get("__url__"),
+        key=sample.get("__key__"),
+        offset=getattr(sample, "offset", None),  # a ShardSample knows where it starts
+    )
+
+
+def pick_tuple(sample: Mapping[str, Any], fields: Alternatives) -> SampleTuple:
+    """The sample's values of ``fields`` (from :func:`parse_fields`), in order.
+
+    Raises:
+        MissingFieldError: The sample has none of one field's alternatives.
+
+    Example:
+        >>> pick_tuple({"png": 1, "cls": 2}, parse_fields(("jpg;png", "cls")))
+        (1, 2)
+    """
+    return SampleTuple(sample[pick(sample, names)] for names in fields)

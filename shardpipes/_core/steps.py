@@ -1,0 +1,150 @@
+"""What happens to a sample after reading — decode, pick fields, transform, batch — as plain code.
+
+Each chained stage (``decode``, ``to_tuple``) runs one of these steps over its source
+through :func:`guarded`, which gives a bad sample to the error policy; the recipes' fused
+stage runs the same steps composed in one function (:class:`Finisher`) through the same
+:func:`guarded`. So the two agree by construction, and each step exists once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from shardpipes._core.decoders import Decoding
+from shardpipes._core.fields import Alternatives, pick_tuple
+from shardpipes._core.handlers import Handler, handle
+from shardpipes.errors import DecodeError, MissingFieldError
+
+__all__ = [
+    "SKIPPED",
+    "Finisher",
+    "InFlight",
+    "batches",
+    "guard",
+    "guarded",
+    "threaded",
+    "wanted",
+]
+
+SKIPPED: Any = object()  # what a guarded step gives for a sample the handler skipped
+
+
+def wanted(fields: Alternatives) -> frozenset[str]:
+    """Every name the fields may take: the only ones worth decoding before picking them."""
+    return frozenset(name for names in fields for name in names)
+
+
+class Finisher:
+    """Decode, pick and transform one sample: the steps of ``decode`` → ``to_tuple`` → map.
+
+    Args:
+        decoding: The decoders.
+        fields: Fields to pick (from ``parse_fields``); empty: keep the decoded dict.
+        transform: Applied to the first picked field (or to the dict), if given.
+    """
+
+    def __init__(
+        self,
+        decoding: Decoding,
+        fields: Alternatives,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.decoding, self.fields, self.transform = decoding, fields, transform
+        self.only = wanted(fields) if fields else None
+
+    def __call__(self, sample: Mapping[str, Any]) -> Any:
+        decoded = self.decoding.sample(sample, self.only)
+        if not self.fields:
+            return decoded if self.transform is None else self.transform(decoded)
+        out = pick_tuple(decoded, self.fields)
+        if self.transform is None:
+            return out
+        return type(out)((self.transform(out[0]), *out[1:]))
+
+
+def skip_or_raise(handler: Handler, exc: DecodeError | MissingFieldError) -> None:
+    """Give a bad sample's error to the handler: returns if it skips, else raises."""
+    if isinstance(exc, MissingFieldError):
+        handle(handler, exc, stage="to_tuple", url=exc.url, key=exc.key)
+    else:
+        handle(handler, exc, stage="decode", url=exc.url, member=exc.member, key=exc.key)
+
+
+def guard(step: Callable[[Any], Any], handler: Handler) -> Callable[[Any], Any]:
+    """``step`` that gives :data:`SKIPPED` for a sample the handler skipped."""
+
+    def guarded_step(item: Any) -> Any:
+        try:
+            return step(item)
+        except (DecodeError, MissingFieldError) as exc:
+            skip_or_raise(handler, exc)
+            return SKIPPED
+
+    return guarded_step
+
+
+def guarded(items: Iterable[Any], step: Callable[[Any], Any], handler: Handler) -> Iterator[Any]:
+    """``step`` over ``items``; a bad sample (decode, missing field) goes to ``handler``."""
+    for item in items:
+        try:
+            out = step(item)
+        except (DecodeError, MissingFieldError) as exc:
+            skip_or_raise(handler, exc)
+            continue
+        yield out
+
+
+class InFlight:
+    """The items :func:`threaded` has taken and not yet given out: ``chunk[done:]``."""
+
+    def __init__(self) -> None:
+        self.chunk: list[Any] = []
+        self.done = 0
+
+    def pending(self) -> list[Any]:
+        """The items taken but not yet given out."""
+        return self.chunk[self.done :]
+
+
+def threaded(
+    items: Iterator[Any],
+    step: Callable[[Any], Any],
+    threads: int,
+    chunk: int,
+    flight: InFlight | None = None,
+) -> Iterator[Any]:
+    """``step`` (a :func:`guard`-ed one) on a pool of ``threads``, in order, ``chunk`` at a time.
+
+    ``flight`` is kept up to date, so that a state taken between two items knows which
+    items are in flight (taken from ``items``, not yet given out).
+    """
+    flight = flight if flight is not None else InFlight()
+    with ThreadPoolExecutor(threads, thread_name_prefix="shardpipes-decode") as pool:
+        while taken := list(itertools.islice(items, chunk)):
+            flight.chunk, flight.done = taken, 0
+            for out in pool.map(step, taken):
+                flight.done += 1
+                if out is not SKIPPED:
+                    yield out
+            flight.chunk = []
+
+
+def batches(
+    items: Iterable[Any],
+    size: int,
+    collate: Callable[[Sequence[Any]], Any],
+    *,
+    drop_last: bool = False,
+) -> Iterator[Any]:
+    """``collate`` of each ``size`` items in turn (the last one shorter unless ``drop_last``)."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield collate(batch)
+            batch = []
+    if batch and not drop_last:
+        yield collate(batch)

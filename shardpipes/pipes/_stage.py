@@ -1,0 +1,45 @@
+"""Chained sample stages that run as one generator: one torch hook per item, not one per stage.
+
+Every torch ``IterDataPipe`` stage pays its iterator hook (validity check, counter) on
+every item it passes on: about 1.3 µs per stage per sample with torch 2.13, more than the
+tar reader spends parsing a small member. A :class:`SampleStage` chained after another
+(``open_tar().shuffle_samples().decode().to_tuple()``) composes its step with the
+upstream stage's plain generator instead of iterating that stage's hooked iterator: the
+chain runs exactly the steps it names, in one generator under the last stage's hook. A
+downstream stage also tells the upstream ones which fields it keeps (``to_tuple`` after
+``decode``: only those are decoded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterDataPipe
+
+__all__ = ["SampleStage", "upstream"]
+
+
+class SampleStage(IterDataPipe[Any]):
+    """A shardpipes stage over samples; see the module docstring."""
+
+    source_datapipe: IterDataPipe[Any]
+
+    def _stream(self, wanted: frozenset[str] | None) -> Iterator[Any]:
+        """This stage's items, composed with the upstream stages' generators.
+
+        Args:
+            wanted: The only fields a downstream stage keeps (``None``: all).
+        """
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: torch's hook names this stage in the errors raised in it
+        yield from self._stream(None)
+
+
+def upstream(source: IterDataPipe[Any], wanted: frozenset[str] | None = None) -> Iterator[Any]:
+    """``source``'s items: its plain generator if it is a sample stage, else ``iter(source)``."""
+    if isinstance(source, SampleStage):
+        return source._stream(wanted)
+    return iter(source)
