@@ -233,3 +233,38 @@ def test_mixed_size_images_name_the_fix(tmp_path: Path, form: str, workers: int)
         loader = DataLoader(pipe, batch_size=None, num_workers=workers)
     with pytest.raises(ValueError, match=r"images of different sizes.*resize= and crop="):
         next(iter(loader))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 2])
+def test_plain_stateful_dataloader_resumes_at_a_shard_boundary(
+    shards: Dataset, workers: int, k: int
+) -> None:
+    """Batches of one whole shard, no buffer: stopping after k shards resumes at the next."""
+
+    def make() -> Any:
+        return recipe(shards.urls, buffer_size=0, shuffle=False, batch_size=PER_SHARD)
+
+    full = keys(StatefulDataLoader(make(), batch_size=None, num_workers=workers))
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
+    head = take(iter(first), k)
+    second = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
+    second.load_state_dict(first.state_dict())
+    assert keys(head) + keys(second) == full
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_go_on_after_a_resumed_epoch(shards: Dataset, workers: int) -> None:
+    """Resume epoch 1 in a new loader without set_epoch: the epoch after it is epoch 2."""
+    loader = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+    epochs = [keys(loader) for _ in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2]
+    first = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+    keys(first)  # epoch 0
+    head = take(iter(first), 2)  # into epoch 1
+    resumed = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+    resumed.load_state_dict(first.state_dict())
+    assert keys(head) + keys(resumed) == epochs[1]
+    assert keys(resumed) == epochs[2]

@@ -129,7 +129,7 @@ def _range(m: re.Match[str], whole: str) -> list[str]:
         padded = any(len(x.lstrip("-")) > 1 and x.lstrip("-")[0] == "0" for x in (a, b))
         width = max(len(a), len(b)) if padded else 0
         numbers = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
-        return [f"{n:0{width}d}" if n >= 0 else f"-{-n:0{width - 1}d}" for n in numbers]
+        return [f"{n:0{width}d}" if n >= 0 else f"-{-n:0{max(width - 1, 0)}d}" for n in numbers]
     lo, hi = ord(m.group(4)), ord(m.group(5))
     codes = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
     return [chr(c) for c in codes]

@@ -88,13 +88,7 @@ def guard(step: Callable[[Any], Any], handler: Handler) -> Callable[[Any], Any]:
 
 def guarded(items: Iterable[Any], step: Callable[[Any], Any], handler: Handler) -> Iterator[Any]:
     """``step`` over ``items``; a bad sample (decode, missing field) goes to ``handler``."""
-    for item in items:
-        try:
-            out = step(item)
-        except (DecodeError, MissingFieldError) as exc:
-            skip_or_raise(handler, exc)
-            continue
-        yield out
+    return (out for out in map(guard(step, handler), items) if out is not SKIPPED)
 
 
 class InFlight:

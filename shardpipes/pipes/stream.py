@@ -20,7 +20,7 @@ from shardpipes._core.decoders import Decoder, Decoding, check_image_mode
 from shardpipes._core.fields import parse_fields
 from shardpipes._core.policy import Stats
 from shardpipes._core.split import ShardPart
-from shardpipes._core.steps import SKIPPED, Finisher, batches, guard, threaded
+from shardpipes._core.steps import Finisher, batches, guard, guarded, threaded
 from shardpipes.pipes._epoch import ShardReading, ShuffleBuffer
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.collate import collate_samples
@@ -136,11 +136,12 @@ class ShardStream(IterDataPipe[Any]):
         # a generator: torch's hook names this stage in the errors raised in it
         policy = self.reading.reader.policy
         located = self.reading.begin(self.buffer.shuffling(self.source_datapipe))
-        finish = guard(compose(self._finish, _sample), policy)
+        finish = compose(self._finish, _sample)
         if self.threads < 2:
-            finished: Iterator[Any] = (out for out in map(finish, located) if out is not SKIPPED)
+            finished = guarded(located, finish, policy)
         else:
             size = max(self.threads, self.batch_size or 1) * 2
+            finish = guard(finish, policy)
             finished = threaded(located, finish, self.threads, size, self.reading.flight)
         if self.batch_size is None:
             yield from finished
