@@ -181,15 +181,15 @@ def collate_ragged(batch: Sequence[dict[str, Any]]) -> Any:
     """Collate dict samples as ``collate_samples`` does, leaving ragged fields as lists.
 
     A field whose values (images, arrays, tensors) differ in shape within the batch is
-    kept as the list of its values instead of failing to stack.
+    kept as the list of its values instead of failing to stack; only the fields every
+    sample has are kept (a mix of ``jpg`` and ``png`` samples keeps ``cls``).
 
     Raises:
-        CollateError: The batch cannot be collated otherwise (say, samples with
-            different fields).
+        CollateError: The batch cannot be collated otherwise.
     """
     try:
-        if any(set(s) != set(batch[0]) for s in batch):
-            return collate_samples(batch)  # raises, naming the fields
+        common = set(batch[0]).intersection(*batch[1:])
+        batch = [{k: v for k, v in s.items() if k in common} for s in batch]
         ragged = {k for k in batch[0] if len({_shape(s[k]) for s in batch}) > 1}
         out = collate_samples([{k: v for k, v in s.items() if k not in ragged} for s in batch])
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:

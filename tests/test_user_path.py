@@ -31,8 +31,8 @@ def shards(make_shards: Callable[..., Dataset]) -> Dataset:
 
 def recipe(urls: list[str], **options: Any) -> Any:
     """tar_shards yielding (key, label) pairs, seed 7, a 6-sample buffer."""
-    options = {"seed": 7, "buffer_size": 6, **options}
-    return sp.recipes.tar_shards(urls, fields=("__key__", "cls"), **options)
+    options = {"seed": 7, "buffer_size": 6, "fields": ("__key__", "cls"), **options}
+    return sp.recipes.tar_shards(urls, **options)
 
 
 def times_ten(sample: tuple[str, int]) -> tuple[str, int]:
@@ -214,7 +214,7 @@ def test_batching_twice_is_an_error(shards: Dataset, workers: int) -> None:
     """A recipe with batch_size under a DataLoader that batches again: both sizes named."""
     pipe = recipe(shards.urls, batch_size=4)
     loader = DataLoader(pipe, batch_size=3, num_workers=workers)
-    with pytest.raises(ValueError, match=r"batches already \(of 4 samples\).*again \(by 3\)"):
+    with pytest.raises(ValueError, match=r"batches already \(of 4 samples\).*gathered 3 of them"):
         next(iter(loader))
 
 
@@ -268,3 +268,74 @@ def test_epochs_go_on_after_a_resumed_epoch(shards: Dataset, workers: int) -> No
     resumed.load_state_dict(first.state_dict())
     assert keys(head) + keys(resumed) == epochs[1]
     assert keys(resumed) == epochs[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_of_other_shards_or_seed_is_refused_even_with_all_in_the_buffer(
+    make_shards: Callable[..., Dataset], workers: int
+) -> None:
+    """A worker's whole share in the buffer (draining) is still checked against the pipe."""
+    data = make_shards(4, PER_SHARD)
+    first = StatefulDataLoader(
+        recipe(data.urls, buffer_size=1000), batch_size=BATCH, num_workers=workers
+    )
+    take(iter(first), 1)
+    state = first.state_dict()
+    for pipe, match in (
+        (recipe(data.urls, buffer_size=1000, seed=8), "saved with seed 7; this pipe has seed=8"),
+        (recipe(data.urls[:3], buffer_size=1000), "another shard list"),
+    ):
+        loader = StatefulDataLoader(pipe, batch_size=BATCH, num_workers=workers)
+        loader.load_state_dict(state)
+        with pytest.raises(ValueError, match=match):
+            list(loader)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_epoch_after_a_resumed_first_epoch_is_the_second(shards: Dataset, workers: int) -> None:
+    """Resume epoch 0 (buffer draining, or at its very end): the next epoch is epoch 1."""
+    loader = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+    epochs = [keys(loader) for _ in range(2)]
+    for k in (1, len(epochs[0]) // BATCH + 1):  # draining; the end of the epoch
+        first = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+        it = iter(first)
+        head = [b for _, b in zip(range(k), it, strict=False)]
+        resumed = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+        resumed.load_state_dict(first.state_dict())
+        assert keys(head) + keys(resumed) == epochs[0]
+        assert keys(resumed) == epochs[1]
+
+
+@pytest.mark.slow
+def test_open_tar_without_a_split_in_workers_is_an_error(shards: Dataset) -> None:
+    """Workers that would each read every shard: an error naming split_shards."""
+    pipe = sp.list_shards(shards.urls).open_tar()
+    with pytest.raises(ValueError, match=r"nothing splits them.*\.split_shards\(\)"):
+        list(DataLoader(pipe, batch_size=None, num_workers=2))
+    split = sp.list_shards(shards.urls).sharding_filter().open_tar()
+    assert len(list(DataLoader(split, batch_size=None, num_workers=2))) == len(shards.keys)
+
+
+def test_webdataset_field_specs_split_on_whitespace(shards: Dataset) -> None:
+    """to_tuple("txt cls") and fields=("txt cls",) are two fields, as in WebDataset."""
+    chained = next(iter(sp.list_shards(shards.urls).open_tar().decode().to_tuple("txt cls")))
+    fused = next(iter(recipe(shards.urls, fields=("__key__ cls",), shuffle=False)))
+    assert len(chained) == 2 and isinstance(chained[1], int)
+    assert fused == (shards.keys[0], shards.labels[shards.keys[0]])
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda u: sp.recipes.tar_shards(u, shardshuffle=True), r"tar_shards\(\) got an unexpected keyword argument 'shardshuffle'"),
+        (lambda u: sp.recipes.tar_images(u[0], fields=("a",)), r"tar_images\(\) got an unexpected keyword argument 'fields'"),
+        (lambda u: sp.list_shards(u).open_tar(retry=3), r"open_tar\(\) got an unexpected keyword argument 'retry'"),
+        (lambda u: sp.recipes.tar_shards(u, shuffle=1000), r"shuffle must be True or False \(got 1000\).*buffer_size"),
+    ],
+)  # fmt: skip
+def test_wrong_keywords_name_the_call(shards: Dataset, call: Any, match: str) -> None:
+    """A wrong keyword names the function the user called, not an internal one."""
+    with pytest.raises(TypeError, match=match):
+        call(shards.urls)

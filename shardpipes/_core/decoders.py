@@ -184,7 +184,7 @@ def _fit(image: PIL.ImageFile.ImageFile, resize: int | None, crop: int | None) -
     if crop is None:
         return image.resize((out_w, out_h), PIL.Image.Resampling.BILINEAR)
     left, top = round((out_w - crop) / 2), round((out_h - crop) / 2)
-    if left < 0 or top < 0:  # smaller than the crop: resize, then pad as torchvision does
+    if out_w < crop or out_h < crop:  # smaller than the crop: resize, then pad as torchvision
         resized = image.resize((out_w, out_h), PIL.Image.Resampling.BILINEAR)
         return resized.crop((left, top, left + crop, top + crop))
     box = (left / scale_x, top / scale_y, (left + crop) / scale_x, (top + crop) / scale_y)

@@ -60,9 +60,11 @@ class EpochCounter:
             return table.get(ROWS, _EPOCH)
 
     def resumed(self, epoch: int) -> None:
-        """The iteration that began resumes ``epoch`` (from a checkpoint)."""
-        with self._table.locked():
-            self._table.set(ROWS, _EPOCH, epoch)
+        """The current iteration is (or was) ``epoch``, resumed from a checkpoint."""
+        table = self._table
+        with table.locked():
+            table.set(ROWS, _APPLIED, table.get(ROWS, _GENERATION))
+            table.set(ROWS, _EPOCH, epoch)
 
     def current(self) -> int:
         """The epoch of the last iteration, or of the next one if none began since ``set``."""

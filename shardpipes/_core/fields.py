@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ def _parse_field(field: object) -> tuple[str, ...]:
     if not isinstance(field, str):
         msg = f"fields must be strings (got {type(field).__name__})"
         raise TypeError(msg)
-    alternatives = tuple(name.strip() for name in field.split(";"))
+    alternatives = tuple(field.split(";"))
     if not all(alternatives):
         msg = f"fields must be names separated by ';' (got {field!r})"
         raise ValueError(msg)
@@ -25,8 +26,22 @@ def _parse_field(field: object) -> tuple[str, ...]:
 
 
 def parse_fields(fields: tuple[object, ...]) -> Alternatives:
-    """Split each field spec (``"jpg;png"``) into its alternatives, checking them."""
-    return tuple(_parse_field(field) for field in fields)
+    """Split each field spec (``"jpg;png"``) into its alternatives, checking them.
+
+    As in WebDataset, whitespace separates fields within one spec: ``"jpg;png cls"`` is
+    the two fields ``"jpg;png"`` and ``"cls"``.
+
+    Example:
+        >>> parse_fields(("jpg;png cls",))
+        (('jpg', 'png'), ('cls',))
+    """
+    specs: list[object] = []
+    for field in fields:
+        if isinstance(field, str):
+            specs += re.sub(r"\s*;\s*", ";", field).split() or [field]
+        else:
+            specs.append(field)
+    return tuple(_parse_field(spec) for spec in specs)
 
 
 def pick(sample: Mapping[str, Any], alternatives: tuple[str, ...]) -> str:

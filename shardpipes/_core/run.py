@@ -93,6 +93,8 @@ class EpochRun:
 
     def located(self) -> Iterator[Located]:
         """The epoch's samples, shuffled, as ``Located`` tuples."""
+        if self.restoring is not None and (self.done or self.draining):
+            self._replay(self.restoring)
         if self.done:  # restored from the end of an epoch
             return
         while self.ahead:
@@ -139,6 +141,21 @@ class EpochRun:
             yield self.reader.samples(part, spans=True, at=at)
         if self.restoring is not None:  # fewer parts than when it was saved
             self._check(self.restoring)
+
+    def _replay(self, saved: Mapping[str, Any]) -> None:
+        """Restored once every part had been read: take the parts again, and check them.
+
+        Taking them runs the split (the ``split_shards`` stage checks the state's shard
+        list, seed and workers, and counts the epoch); their digest must be the saved one.
+        """
+        taken = saved["cursor"][0]
+        for n, part in enumerate(self.parts, start=1):
+            if n > taken:
+                break
+            self.digest.update(repr(tuple(part)).encode())
+            if n == taken:
+                break
+        self._check(saved)
 
     def _check(self, saved: Mapping[str, Any]) -> None:
         if saved["digest"] != self.digest.hexdigest()[:16]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterDataPipe, get_worker_info
+from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
@@ -94,6 +95,19 @@ def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
 
 
+def _check_split(source: IterDataPipe[Any], workers: int) -> None:
+    """Raise if nothing upstream splits the shards between the DataLoader's workers."""
+    stages = get_all_graph_pipes(traverse_dps(source))
+    if not any(isinstance(s, ShardingFilterIterDataPipe) for s in stages):
+        msg = (
+            f"the shards are read in {workers} DataLoader workers, but nothing splits them "
+            "between the workers: each worker would read every shard, and every sample "
+            "would come once per worker. Add .split_shards() after list_shards() (or torch's "
+            ".sharding_filter())"
+        )
+        raise ValueError(msg)
+
+
 def readings(pipe: IterDataPipe[Any]) -> list[ShardReading]:
     """The :class:`ShardReading` of each reading stage of a pipeline, in a stable order."""
     found = []
@@ -151,6 +165,8 @@ class ShardReading:
         self.flight = InFlight()
         self._at_start = loaded or self._fresh()
         info = get_worker_info()
+        if info is not None and info.num_workers > 1:
+            _check_split(self.source, info.num_workers)
         self.reader.policy.begin(*((info.id, info.num_workers) if info is not None else (0, 1)))
         return self._located((loaded or {}).get("position"), shuffling)
 
@@ -166,6 +182,17 @@ class ShardReading:
         yield from run.located()
         run.done = True
         self.reader.policy.end()
+
+    def pending(self) -> bool:
+        """Whether a loaded state waits for an epoch to begin."""
+        return self._loaded is not None
+
+    def drop_loaded(self) -> None:
+        """Drop a loaded state that no epoch began from; its epoch counts as done."""
+        if self._loaded is not None:
+            for splitter in splitters(self.source):
+                splitter.drop_pinned()
+            self._loaded = None
 
     def stats(self) -> Stats:
         """What the current (or last) epoch read and skipped, over all DataLoader workers."""

@@ -21,13 +21,24 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
+from shardpipes.pipes._epoch import readings
 from shardpipes.pipes.resumable import load_pipeline_state, pipeline_state, reads_shards
 
 __all__ = ["StatefulPipeWrapper", "install"]
 
 
 class StatefulPipeWrapper(_IterDataPipeSerializationWrapper):
-    """torch's wrapper of a pipe in a DataLoader, with the pipeline's state."""
+    """torch's wrapper of a pipe in a DataLoader, with the pipeline's state.
+
+    ``StatefulDataLoader`` loads a saved state into it before ``iter()`` (as the
+    dataset's state) and, on Python < 3.12, once more just after (as the iterator's: torch
+    wraps the iterator in an object that forwards attributes): the second load of the
+    same state is one load. A state loaded for an iteration that then reads nothing (the
+    loader knew the epoch had ended) is dropped at the next ``iter()``, its epoch counted.
+    """
+
+    _claimed: Mapping[str, Any] | None = None  # loaded for the current iteration
+    _awaiting: Mapping[str, Any] | None = None  # loaded for the next one
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline's state, taken between two items (see ``pipeline_state``).
@@ -38,10 +49,35 @@ class StatefulPipeWrapper(_IterDataPipeSerializationWrapper):
         return pipeline_state(self._datapipe)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume the pipeline from ``state``, also when it is already being iterated."""
+        """Resume the pipeline from ``state`` at the iteration that begins next."""
+        if self._claimed is not None and _pending(self._datapipe):
+            if state == self._claimed:  # the iterator's copy of this iteration's state
+                return
+            _drop(self._datapipe)
+        self._claimed = None
         load_pipeline_state(self._datapipe, state)
-        if getattr(self, "_datapipe_iter", None) is not None:  # iter() came first: start anew
-            self._datapipe_iter = iter(self._datapipe)
+        self._awaiting = state
+
+
+def _iter(self: StatefulPipeWrapper) -> Any:
+    if self._claimed is not None and _pending(self._datapipe):
+        _drop(self._datapipe)  # the last iteration never read: its state is spent
+    self._claimed, self._awaiting = self._awaiting, None
+    return _IterDataPipeSerializationWrapper.__iter__(self)  # type: ignore[no-untyped-call]
+
+
+# set after the class is made: IterDataPipe's metaclass would hook an __iter__ defined in
+# the class body a second time (torch's wrapper's own __iter__ is hooked already)
+StatefulPipeWrapper.__iter__ = _iter  # type: ignore[method-assign,assignment]
+
+
+def _pending(pipe: IterDataPipe[Any]) -> bool:
+    return any(reading.pending() for reading in readings(pipe))
+
+
+def _drop(pipe: IterDataPipe[Any]) -> None:
+    for reading in readings(pipe):
+        reading.drop_loaded()
 
 
 def _wrap(datapipe: IterDataPipe[Any]) -> _IterDataPipeSerializationWrapper:

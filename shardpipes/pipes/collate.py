@@ -186,8 +186,8 @@ def _batched_twice(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
     inner = next((len(v) for v in values if hasattr(v, "__len__")), "?")
     msg = (
         f"the pipe yields batches already (of {inner} samples) and the DataLoader batches "
-        f"them again (by {len(batch)}): give the DataLoader batch_size=None, or take "
-        "batch_size off the pipe"
+        f"them again (it gathered {len(batch)} of them for one batch): give the DataLoader "
+        "batch_size=None, or take batch_size off the pipe"
     )
     raise ValueError(msg)
 

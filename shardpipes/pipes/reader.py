@@ -17,7 +17,7 @@ from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
 from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
 
-__all__ = ["ReadOptions", "ShardReader"]
+__all__ = ["ReadOptions", "ShardReader", "check_options"]
 
 
 class ReadOptions(TypedDict, total=False):
@@ -51,6 +51,23 @@ class ReadOptions(TypedDict, total=False):
     cache_dir: str | None
     cache_size: int | str | None
     max_member_bytes: int
+
+
+def check_options(where: str, options: Mapping[str, Any]) -> None:
+    """Raise the ``TypeError`` Python would, for a keyword that is not a reading option.
+
+    Args:
+        where: The function that took ``options`` (named in the error).
+        options: Its ``**options``.
+    """
+    known = ReadOptions.__required_keys__ | ReadOptions.__optional_keys__
+    unknown = sorted(set(options) - known)
+    if unknown:
+        msg = (
+            f"{where}() got an unexpected keyword argument {unknown[0]!r} (its reading "
+            f"options: {', '.join(sorted(known))})"
+        )
+        raise TypeError(msg)
 
 
 class ShardReader:

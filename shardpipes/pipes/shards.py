@@ -290,6 +290,12 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             raise ValueError(msg)
         self._pinned = dict(state)
 
+    def drop_pinned(self) -> None:
+        """Drop a loaded state that no iteration used; its epoch counts as done."""
+        if self._pinned is not None:
+            self._epochs.resumed(self._pinned["epoch"])
+            self._pinned = None
+
     def _count(self, url: str) -> int:
         if url not in self._counts:
             self._counts[url] = sample_count(url, self.storage_options, self.index.get(url))

@@ -25,7 +25,7 @@ from shardpipes.pipes._epoch import ShardReading, ShuffleBuffer
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import decoder_table
-from shardpipes.pipes.reader import ReadOptions, ShardReader
+from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
 from shardpipes.pipes.shards import set_epoch
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class ShardStream(IterDataPipe[Any]):
         threads: int = 0,
         **options: Unpack[ReadOptions],
     ) -> None:
+        check_options("ShardStream", options)
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             msg = f"batch_size must be a positive int or None (got {batch_size!r})"

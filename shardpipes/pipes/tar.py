@@ -15,7 +15,7 @@ from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import ShardReading
 from shardpipes.pipes._length import no_length
 from shardpipes.pipes._stage import SampleStage
-from shardpipes.pipes.reader import ReadOptions, ShardReader
+from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,6 +67,7 @@ class TarOpener(SampleStage):
         index: bool | Mapping[str, str] = False,
         **options: Unpack[ReadOptions],
     ) -> None:
+        check_options("open_tar", options)
         super().__init__()
         self.source_datapipe = source_datapipe
         self.reading = ShardReading(source_datapipe, ShardReader(index=index, **options))

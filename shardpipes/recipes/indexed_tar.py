@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.pipes.reader import ReadOptions
+from shardpipes.pipes.reader import ReadOptions, check_options
 from shardpipes.recipes._stream import one_tar
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ def indexed_tar(
     if index is not None and not isinstance(index, str):
         msg = f"index must be the URL of the index sidecar, or None (got {index!r})"
         raise TypeError(msg)
+    check_options("indexed_tar", options)
     return one_tar(
         url,
         index={url: index} if index is not None else True,

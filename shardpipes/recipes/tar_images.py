@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.pipes.reader import ReadOptions
+from shardpipes.pipes.reader import ReadOptions, check_options
 from shardpipes.recipes._stream import one_tar
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ def tar_images(
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
     """
+    check_options("tar_images", options)
     return one_tar(
         url,
         index=False,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.pipes.reader import ReadOptions
+from shardpipes.pipes.reader import ReadOptions, check_options
 from shardpipes.pipes.shards import ShardLister, ShardSplitter
 from shardpipes.pipes.stream import ShardStream
 from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS
@@ -96,6 +96,13 @@ def tar_shards(
         >>> pipe = tar_shards("data/train-{000..099}.tar", image="torch", resize=256,
         ...                   crop=224, batch_size=64)
     """
+    check_options("tar_shards", options)
+    if not isinstance(shuffle, bool):
+        msg = (
+            f"shuffle must be True or False (got {shuffle!r}); the shuffle buffer's size is "
+            "buffer_size="
+        )
+        raise TypeError(msg)
     storage_options = options.get("storage_options")
     shards = ShardSplitter(
         ShardLister(urls, storage_options=storage_options),

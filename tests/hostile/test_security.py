@@ -33,7 +33,9 @@ total = drain(sp.recipes.tar_shards(shards + "/*.tar", fields=("txt;png", "__key
 total += drain(sp.recipes.tar_images(shards + "/train-000000.tar", handler="warn"))
 total += drain(sp.recipes.indexed_tar(shards + "/train-000001.tar"))
 total += drain(sp.recipes.image_folder(images))
-total += drain(sp.list_shards(shards + "/*.tar").open_tar(handler="warn").decode(handler="warn"))
+total += drain(
+    sp.list_shards(shards + "/*.tar").split_shards().open_tar(handler="warn").decode(handler="warn")
+)
 print(total)
 """
 
