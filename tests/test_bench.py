@@ -166,7 +166,7 @@ class TestErrors:
     def test_a_mix_of_fields_batches_what_they_share(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
     ) -> None:
-        """jpg and png samples (an ordinary mix): the batch stage keeps the shared fields."""
+        """A mix of jpg and png samples: the batch stage keeps the fields they share."""
         png, jpg = image_bytes(0, 0), image_bytes(0, 1, "jpg")
         members = [("a.png", png), ("a.cls", b"0"), ("b.jpg", jpg), ("b.cls", b"1")]
         write_tar(str(tmp_path / "m.tar"), members)
