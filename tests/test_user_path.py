@@ -339,3 +339,18 @@ def test_wrong_keywords_name_the_call(shards: Dataset, call: Any, match: str) ->
     """A wrong keyword names the function the user called, not an internal one."""
     with pytest.raises(TypeError, match=match):
         call(shards.urls)
+
+
+def test_each_worker_shuffles_with_its_own_seed(shards: Dataset) -> None:
+    """A buffer's seed is a function of (seed, epoch, worker): workers differ, runs agree."""
+    from shardpipes.pipes._epoch import buffer_seed
+
+    def seed_of(worker: int, epoch: int = 0) -> int:
+        splitter = sp.list_shards(shards.urls).split_shards(seed=7)
+        splitter.apply_sharding(2, worker)
+        splitter.set_epoch(epoch)
+        list(splitter)  # plans the epoch
+        return buffer_seed(splitter, None, None)
+
+    assert seed_of(0) == seed_of(0)
+    assert len({seed_of(0), seed_of(1), seed_of(0, epoch=1)}) == 3
