@@ -154,3 +154,14 @@ def test_decode_before_to_tuple_decodes_only_the_picked_fields(
     assert list(chained) == [(4,)]
     with pytest.raises(sp.DecodeError, match=r"a\.png"):
         list(sp.list_shards([bad]).open_tar().decode("torch"))
+
+
+def test_a_decoded_sample_keeps_its_offset(make_shards: Callable[..., Dataset]) -> None:
+    """After decode, a missing field still names the byte offset of its sample."""
+    data = make_shards(1, 3)
+    pipe = sp.list_shards(data.urls).open_tar().decode().to_tuple("txt", "nope")
+    with pytest.raises(sp.MissingFieldError, match=r"at byte 0\b"):
+        next(iter(pipe))
+    samples = list(sp.list_shards(data.urls).open_tar())
+    decoded = list(sp.list_shards(data.urls).open_tar().decode())
+    assert [getattr(s, "offset", None) for s in decoded] == [s.offset for s in samples]
