@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.stateful import Stateful
 
 import shardpipes as sp
 from tests.conftest import Dataset
@@ -354,3 +355,31 @@ def test_each_worker_shuffles_with_its_own_seed(shards: Dataset) -> None:
 
     assert seed_of(0) == seed_of(0)
     assert len({seed_of(0), seed_of(1), seed_of(0, epoch=1)}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumes_when_the_iterator_wrapper_hides_the_state(
+    shards: Dataset, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """As on Python >= 3.12, where torch's iterator wrapper does not look Stateful."""
+    from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
+
+    decorator = type(iter(_IterDataPipeSerializationWrapper(sp.list_shards(shards.urls))))
+    forward = decorator.__getattr__
+
+    def hidden(self: Any, name: str) -> Any:
+        if name in ("state_dict", "load_state_dict"):
+            raise AttributeError(name)
+        return forward(self, name)
+
+    monkeypatch.setattr(decorator, "__getattr__", hidden)
+    loader = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH)
+    it = iter(loader)
+    assert not isinstance(it._dataset_fetcher.dataset_iter, Stateful)  # the simulation holds
+    full = keys(StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers))
+    first = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+    head = take(iter(first), 3)
+    second = StatefulDataLoader(recipe(shards.urls), batch_size=BATCH, num_workers=workers)
+    second.load_state_dict(first.state_dict())
+    assert keys(head) + keys(second) == full
