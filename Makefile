@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # the stamp is keyed on the dependency files: editing either re-installs
 STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)
 
-.PHONY: venv demo test test-fast lint check bench bench-quick fuzz clean
+.PHONY: venv demo test test-fast lint check bench bench-quick fuzz mutate clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,17 @@ bench-quick: venv  ## the same on tiny data, one repeat (what the smoke test run
 FUZZ_SECONDS ?= 120
 fuzz: venv  ## mutation-fuzz the tar reader with atheris for FUZZ_SECONDS (crashes: ./crash-*)
 	$(BIN)/python fuzz/fuzz_tar.py -max_total_time=$(FUZZ_SECONDS) -timeout=1 -rss_limit_mb=4096 $(FUZZ_ARGS)
+
+# Mutation testing (mutmut 3.8.1, installed here: not in requirements-dev.txt nor in CI).
+# Mutates MUTATE_PATHS; each module's tests come from the map in tools/mutate.py unless
+# MUTATE_TESTS is given, e.g. MUTATE_PATHS=shardpipes/pipes/shards.py
+# MUTATE_TESTS=tests/pipes/test_shards.py. Report: mutants/report.md.
+MUTATE_PATHS ?= shardpipes/_core
+MUTATE_TESTS ?=
+mutate: venv  ## mutation score per module, surviving mutants with diffs in mutants/report.md
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check mutmut==3.8.1
+	nice -n 19 $(BIN)/python tools/mutate.py --paths $(MUTATE_PATHS) \
+		$(if $(strip $(MUTATE_TESTS)),--tests $(MUTATE_TESTS)) $(MUTATE_ARGS)
 
 lint: venv
 	$(BIN)/ruff format --check shardpipes tests benchmarks fuzz

@@ -41,6 +41,7 @@ CHUNK = 1 << 20
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset(b"0\x007")
 _SUPPORTED = frozenset(b"0\x0071234567LKS")
+_HEADERS = _SUPPORTED | frozenset(b"xg")  # what a scan after a bad header may resume at
 _SIGNED = struct.Struct("148b8x356b")
 _MAX_META = 1 << 20  # long names and pax headers larger than this are refused
 MAX_MEMBER_BYTES = 1 << 30  #: default ``max_member_bytes``: larger members are refused
@@ -301,6 +302,8 @@ def iter_members(
             raise TarFormatError(msg, url=url, offset=reader.tell())
         yield from _members(reader, url, keep, max_member_bytes, on_error)
         if isinstance(reader.stream, _Pieces):
+            if reader.failed is not None:  # held back (a CRC failure at the trailer): say it
+                raise reader.failed
             reader.stream.drain()
     except (OSError, EOFError, zlib.error) as exc:  # gzip errors surface from reads
         if isinstance(exc, ShardpipesError | FileNotFoundError | PermissionError):
@@ -485,7 +488,7 @@ def _scan(reader: _Reader) -> bool:
         block = reader.read(BLOCK)
         if len(block) < BLOCK:
             return False
-        if block != _ZERO and block[156] in _SUPPORTED:
+        if block != _ZERO and block[156] in _HEADERS:
             try:
                 valid = _checksum_ok(block)
             except ValueError:

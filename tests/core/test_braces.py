@@ -36,6 +36,24 @@ from shardpipes._core.braces import expand_braces
         ),
         ("{x}", ["{x}"]),
         ("a\\{1,2\\}", ["a{1,2}"]),
+        ("{-02..02}", ["-02", "-01", "000", "001", "002"]),
+        ("{-05..1}", ["-05", "-04", "-03", "-02", "-01", "000", "001"]),
+        ("{007..10}", ["007", "008", "009", "010"]),
+        ("{9..010}", ["009", "010"]),
+        ("{10..0..5}", ["10", "5", "0"]),
+        ("{0..10..-5}", ["0", "5", "10"]),
+        ("{0..0}", ["0"]),
+        ("{a..g..3}", ["a", "d", "g"]),
+        ("{g..a..3}", ["g", "d", "a"]),
+        ("{e..a}", ["e", "d", "c", "b", "a"]),
+        ("{a..a}", ["a"]),
+        ("{x,{{a,b},c}}", ["x", "a", "b", "c"]),
+        ("{{a,b}}", ["{a}", "{b}"]),
+        ("{,a}", ["", "a"]),
+        ("{}", ["{}"]),
+        ("x{a\\},b}", ["xa}", "xb"]),
+        ("{a,b}\\}", ["a}", "b}"]),
+        ("\\{a\\}{1,2}", ["{a}1", "{a}2"]),
     ],
 )
 def test_table(pattern: str, expected: list[str]) -> None:
@@ -43,10 +61,30 @@ def test_table(pattern: str, expected: list[str]) -> None:
     assert expand_braces(pattern) == expected
 
 
-@pytest.mark.parametrize("pattern", ["a{b", "a}b", "{0..4..0}"])
-def test_bad_patterns(pattern: str) -> None:
+@pytest.mark.parametrize(
+    ("pattern", "expected"), [("{1..-2}", ["1", "0", "-1", "-2"]), ("{-3..-1}", ["-3", "-2", "-1"])]
+)
+def test_negative_bounds_without_padding(pattern: str, expected: list[str]) -> None:
+    """Negative bounds without zero padding count through zero as bash does (was a crash)."""
+    assert expand_braces(pattern) == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("a{b", "unbalanced '{'"),
+        ("{a,{b}", "unbalanced '{'"),
+        ("a}b", "unbalanced '}'"),
+        ("{a,b}}", "unbalanced '}'"),
+        ("{0..4..0}", "brace range step must not be 0"),
+        ("{a..c..0}", "brace range step must not be 0"),
+        ("{a,{0..4..0}}", "brace range step must not be 0"),  # in an alternative
+        ("{{0..4..0}}", "brace range step must not be 0"),  # in a literal group
+    ],
+)
+def test_bad_patterns(pattern: str, problem: str) -> None:
     """Unbalanced braces and zero steps are refused, quoting the pattern."""
-    with pytest.raises(ValueError, match=re.escape(repr(pattern))):
+    with pytest.raises(ValueError, match=re.escape(problem) + ".*" + re.escape(repr(pattern))):
         expand_braces(pattern)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shardpipes._core.handlers import ShardpipesWarning
-from shardpipes._core.samples import PartFilter, group_samples, split_name
+from shardpipes._core.samples import Located, PartFilter, ShardSample, group_samples, split_name
 from shardpipes._core.tar import Member
 from shardpipes.errors import TarFormatError
 
@@ -26,6 +27,9 @@ def members(*names: str) -> list[Member]:
         ("dir/x.y/abc.seg.PNG", ("dir/x.y/abc", "seg.png")),
         ("abc.", ("abc", "")),
         ("dir.d/README", None),
+        (".jpg", ("", "jpg")),
+        ("d/.x.jpg", ("d/", "x.jpg")),
+        ("d.1/e.2/k.jpg", ("d.1/e.2/k", "jpg")),
     ],
 )
 def test_split_name(name: str, expected: tuple[str, str] | None) -> None:
@@ -77,6 +81,121 @@ class TestGroupSamples:
             warnings.simplefilter("error")
             got = list(group_samples(ms, url="u"))
         assert [s["__key__"] for s in got] == ["a", "a"]
+
+    @pytest.mark.parametrize(
+        ("names", "keys"),
+        [
+            (["d.1/e.2/k.jpg", "d.1/e.2/k.seg.png", "d.1/e.9/k.jpg"], ["d.1/e.2/k", "d.1/e.9/k"]),
+            ([".jpg", ".cls", "a.jpg"], ["", "a"]),
+            (["a.seg.png", "a.jpg", "b.seg.png"], ["a", "b"]),
+        ],
+    )
+    def test_keys_are_split_like_split_name(self, names: list[str], keys: list[str]) -> None:
+        """The grouping splits names as split_name does: dotted folders, empty keys."""
+        got = list(group_samples(members(*names), url="u"))
+        assert [s["__key__"] for s in got] == keys
+        assert got[0] == {"__key__": keys[0], "__url__": "u"} | {
+            split_name(n)[1]: n.encode()  # type: ignore[index]
+            for n in names
+            if split_name(n)[0] == keys[0]  # type: ignore[index]
+        }
+
+    def test_samples_know_their_offset(self) -> None:
+        """Each sample is a ShardSample whose offset is its first member's header."""
+        got = list(group_samples(members("README", "a.jpg", "a.cls", "b.jpg"), url="u"))
+        assert all(isinstance(s, ShardSample) for s in got)
+        assert [s.offset for s in got] == [1024, 3072]
+
+    def test_spans(self) -> None:
+        """spans=True: Located(sample, start, end, nth), nth counting declined samples too."""
+        ms = members("a.jpg", "a.cls", "b.jpg", "c.jpg", "c.cls", "README")
+        ms[2] = ms[2]._replace(data=None)  # sample b declined (another worker's)
+        got = list(group_samples(ms, url="u", spans=True, first_index=10))
+        assert all(type(x) is Located for x in got)
+        assert [(x.sample["__key__"], x.start, x.end, x.nth) for x in got] == [
+            ("a", 0, 2048, 10),
+            ("c", 3072, 5120, 12),
+        ]
+        assert got[0].sample == {"__key__": "a", "__url__": "u", "jpg": b"a.jpg", "cls": b"a.cls"}
+
+    def test_spans_of_an_empty_key_first(self) -> None:
+        """A first member with an empty key is sample 0 like any other."""
+        got = list(group_samples(members(".jpg", "b.jpg"), url="u", spans=True))
+        assert [(x.sample["__key__"], x.nth) for x in got] == [("", 0), ("b", 1)]
+
+    def test_duplicate_extension_error_and_context(self) -> None:
+        """The duplicate's error names url, key, member and offset; a callable handler too."""
+        seen: list[tuple[BaseException, dict[str, object]]] = []
+
+        def skip(exc: BaseException, context: dict[str, object]) -> bool:
+            seen.append((exc, context))
+            return True
+
+        got = list(group_samples(members("a.jpg", "a.JPG", "b.jpg"), url="u", handler=skip))
+        assert [s["__key__"] for s in got] == ["b"]
+        [(exc, context)] = seen
+        assert isinstance(exc, TarFormatError)
+        assert (exc.url, exc.key, exc.member, exc.offset) == ("u", "a", "a.JPG", 1024)
+        assert context == {"stage": "open_tar", "url": "u", "member": "a.JPG", "key": "a"}
+
+
+def broken(names: list[str], member: str | None) -> Iterator[Member]:
+    """The members of ``names``, then a TarFormatError at ``member`` (the shard broke)."""
+    yield from members(*names)
+    msg = "truncated member"
+    raise TarFormatError(msg, url="u", member=member, offset=9999)
+
+
+@pytest.mark.parametrize(
+    ("names", "member", "keys"),
+    [
+        (["a.jpg", "a.cls"], "b.jpg", ["a"]),  # the next sample had begun: a is whole
+        (["a.jpg", "a.cls"], "a.txt", []),  # a may have lost its .txt
+        (["a.jpg", "a.cls"], None, []),  # no name: a may be incomplete
+        (["a.jpg", "a.cls"], "README", []),  # no key: it may have been a's
+        (["a.jpg", "b.jpg"], "b.cls", ["a"]),  # a went out before; b is cut
+        ([], "b.jpg", []),
+    ],
+)
+@pytest.mark.parametrize("spans", [False, True])
+def test_shard_breaking_keeps_only_whole_samples(
+    names: list[str], member: str | None, keys: list[str], spans: bool
+) -> None:
+    """A broken shard: a sample is yielded only if the error is past its last member."""
+    got: list[object] = []
+    with pytest.raises(TarFormatError, match="truncated member"):
+        got.extend(group_samples(broken(names, member), url="u", spans=spans))
+    samples = [x.sample if spans else x for x in got]  # type: ignore[attr-defined]
+    assert [s["__key__"] for s in samples] == keys  # type: ignore[index]
+    if spans and keys:
+        assert got[0] == (samples[0], 0, 1024 * names.count("a.cls") + 1024, 0)
+
+
+@pytest.mark.parametrize(
+    ("part", "parts", "start", "stop", "kept"),
+    [
+        (0, 1, 0, None, ["a", "b", "c", "d", "e"]),
+        (0, 1, 1, 3, ["b", "c"]),
+        (1, 2, 1, None, ["c", "e"]),
+        (0, 2, 2, 4, ["c"]),
+        (0, 3, 0, 5, ["a", "d"]),
+        (0, 1, 5, None, []),
+    ],
+)
+def test_part_filter_ranges(
+    part: int, parts: int, start: int, stop: int | None, kept: list[str]
+) -> None:
+    """Samples start <= i < stop, and of those every parts-th from part."""
+    keep = PartFilter(part, parts, start=start, stop=stop)
+    names = [f"{k}.{e}" for k in "abcde" for e in ("jpg", "cls")]
+    got = [n for n in names if keep(n)]
+    assert got == [f"{k}.{e}" for k in kept for e in ("jpg", "cls")]
+
+
+def test_part_filter_empty_key_first() -> None:
+    """A first member with an empty key is sample 0."""
+    keep = PartFilter(0, 2)
+    assert [keep(n) for n in [".jpg", ".cls", "b.jpg", "c.jpg"]] == [True, True, False, True]
 
 
 def test_part_filter_counts_samples_not_members() -> None:

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from shardpipes._core.samples import PartFilter
 from shardpipes._core.split import (
+    ShardPart,
+    SplitPlanner,
     assign,
     assign_even,
     block,
@@ -162,3 +164,92 @@ def test_counts_must_match_the_shards() -> None:
     """Counts for another shard list are refused."""
     with pytest.raises(ValueError, match="counts has 2 entries for 3 shards"):
         split_plan(["a", "b", "c"], counts=[1, 2])
+
+
+def test_defaults_are_one_worker_in_list_order() -> None:
+    """No options: one worker reads every shard whole, in the given order."""
+    urls = [f"s{i}.tar" for i in range(4)]
+    expected = [ShardPart(u) for u in urls]
+    assert split_plan(urls) == expected
+    assert SplitPlanner(urls).plan() == expected
+    assert [SplitPlanner(urls).url(i) for i in range(4)] == urls
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "expected"),
+    [(0, ShardPart("a", 0, 2)), (1, ShardPart("b", 0, 1)), (2, ShardPart("a", 1, 2))],
+)
+def test_plan_of_a_shared_shard(worker_id: int, expected: ShardPart) -> None:
+    """Fewer shards than workers: the plan names the part and the number of parts."""
+    assert split_plan(["a", "b"], num_workers=3, worker_id=worker_id) == [expected]
+    assert SplitPlanner(["a", "b"]).plan(num_workers=3, worker_id=worker_id) == [expected]
+
+
+def test_shuffle_defaults_to_seed_0_epoch_0() -> None:
+    """Shuffle alone orders by shard_order(seed=0, epoch=0), in the plan and the planner."""
+    urls = [f"s{i}.tar" for i in range(12)]
+    expected = [urls[i] for i in shard_order(12, seed=0)]
+    assert shard_order(12, seed=0) == shard_order(12, seed=0, epoch=0)
+    assert [p.url for p in split_plan(urls, shuffle=True)] == expected
+    assert [p.url for p in SplitPlanner(urls, shuffle=True).plan()] == expected
+    assert [p.url for p in split_plan(urls, shuffle=True, seed=0, epoch=1)] != expected
+
+
+@pytest.mark.parametrize(
+    ("n_shards", "total", "worker", "expected"),
+    [
+        (3, 3, 2, [(2, 0, 1)]),  # as many shards as workers: one whole shard each
+        (2, 3, 2, [(0, 1, 2)]),  # fewer: shard 0 shared by workers 0 and 2
+        (2, 3, 1, [(1, 0, 1)]),
+        (0, 2, 1, []),
+        (5, 2, 0, [(0, 0, 1), (2, 0, 1), (4, 0, 1)]),
+    ],
+)
+def test_assign_table(
+    n_shards: int, total: int, worker: int, expected: list[tuple[int, int, int]]
+) -> None:
+    """Known assignments, by shard and by part."""
+    assert assign(n_shards, total, worker) == expected
+
+
+@pytest.mark.parametrize(
+    ("counts", "total", "worker", "expected"),
+    [
+        ([2, 2], 2, 0, [(0, 0, 2)]),  # a block ending exactly where a shard ends
+        ([2, 2], 2, 1, [(1, 0, 2)]),
+        ([2, 0, 2], 2, 1, [(2, 0, 2)]),  # an empty shard is nobody's
+        ([3, 3, 1], 3, 1, [(0, 2, 3), (1, 0, 1)]),  # a block across a shard boundary
+        ([7], 3, 2, [(0, 4, 6)]),
+    ],
+)
+def test_assign_even_table(
+    counts: list[int], total: int, worker: int, expected: list[tuple[int, int, int]]
+) -> None:
+    """Known even blocks, including ones that end on a shard boundary."""
+    assert assign_even(counts, total, worker) == expected
+
+
+def test_assign_even_needs_a_sample_per_worker() -> None:
+    """Fewer samples than workers (or no shards at all) is refused, with the numbers."""
+    with pytest.raises(ValueError, match=r"0 samples in 0 shards for 2 workers"):
+        assign_even([], 2, 0)
+    with pytest.raises(ValueError, match=r"1 samples in 2 shards for 2 workers"):
+        assign_even([1, 0], 2, 1)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_even_plan_follows_the_shuffled_counts(shuffle: bool) -> None:
+    """Even split with a shuffle: the counts move with their shards."""
+    urls = [f"s{i}.tar" for i in range(6)]
+    counts = [1, 9, 2, 8, 3, 7]
+    by_url = dict(zip(urls, counts, strict=True))
+    plans = [
+        split_plan(urls, shuffle=shuffle, seed=5, num_workers=3, worker_id=w, counts=counts)
+        for w in range(3)
+    ]
+    for plan in plans:
+        assert sum(p.stop - p.start for p in plan) == 10  # type: ignore[operator]
+        assert all(0 <= p.start < p.stop <= by_url[p.url] for p in plan)  # type: ignore[operator]
+    order = [p.url for plan in plans for p in plan]
+    expected = [urls[i] for i in shard_order(6, seed=5)] if shuffle else urls
+    assert sorted(set(order), key=order.index) == expected

@@ -12,10 +12,9 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from shardpipes._core.decoders import decode_image, decode_sample, default_decoders
-from shardpipes.pipes.decode import decoder_table
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes.errors import DecodeError, UnsafeDataError
-from shardpipes.pipes.decode import SampleDecoder
+from shardpipes.pipes.decode import SampleDecoder, decoder_table
 
 URL = "memory://train-000.tar"
 DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
