@@ -7,6 +7,7 @@ the same data for every option, with good and bad samples.
 
 from __future__ import annotations
 
+import itertools
 import json
 import pkgutil
 import subprocess
@@ -165,3 +166,15 @@ def test_a_decoded_sample_keeps_its_offset(make_shards: Callable[..., Dataset]) 
     samples = list(sp.list_shards(data.urls).open_tar())
     decoded = list(sp.list_shards(data.urls).open_tar().decode())
     assert [getattr(s, "offset", None) for s in decoded] == [s.offset for s in samples]
+
+
+@pytest.mark.parametrize("where", ["throughout", "at_the_end"])
+def test_the_buffer_mixes_its_samples(make_shards: Callable[..., Dataset], where: str) -> None:
+    """A 40-sample buffer over 400 samples in order leaves few input neighbours together."""
+    data = make_shards(1, 400)
+    pipe = sp.list_shards(data.urls).split_shards(seed=1).open_tar().shuffle_samples(buffer_size=40)
+    order = [data.keys.index(s["__key__"]) for s in pipe]
+    assert sorted(order) == list(range(400))
+    part = order if where == "throughout" else order[-40:]  # the buffer's final drain
+    neighbours = sum(b == a + 1 for a, b in itertools.pairwise(part))
+    assert neighbours < len(part) // 10
