@@ -24,7 +24,7 @@ from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
 from shardpipes._core.steps import InFlight
 from shardpipes.pipes.reader import ShardReader
-from shardpipes.pipes.shards import ShardSplitter, worker_placement
+from shardpipes.pipes.shards import splitters, worker_placement
 
 __all__ = [
     "VERSION",
@@ -32,8 +32,8 @@ __all__ = [
     "ShuffleBuffer",
     "buffer_seed",
     "pipe_stats",
+    "reading_of",
     "readings",
-    "splitters",
 ]
 
 VERSION = 1
@@ -90,11 +90,6 @@ def buffer_seed(source: IterDataPipe[Any], fixed: int | None, shared: int | None
     return int.from_bytes(digest[:8], "little")
 
 
-def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
-    """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
-    return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
-
-
 def _check_split(source: IterDataPipe[Any], workers: int) -> None:
     """Raise if nothing upstream splits the shards between the DataLoader's workers."""
     stages = get_all_graph_pipes(traverse_dps(source))
@@ -108,14 +103,16 @@ def _check_split(source: IterDataPipe[Any], workers: int) -> None:
         raise ValueError(msg)
 
 
+def reading_of(stage: object) -> ShardReading | None:
+    """The :class:`ShardReading` of a reading stage (``open_tar``, ``ShardStream``), else None."""
+    reading = getattr(stage, "reading", None)
+    return reading if isinstance(reading, ShardReading) else None
+
+
 def readings(pipe: IterDataPipe[Any]) -> list[ShardReading]:
     """The :class:`ShardReading` of each reading stage of a pipeline, in a stable order."""
-    found = []
-    for stage in get_all_graph_pipes(traverse_dps(pipe)):
-        reading = getattr(stage, "reading", None)
-        if isinstance(reading, ShardReading):
-            found.append(reading)
-    return found
+    found = (reading_of(stage) for stage in get_all_graph_pipes(traverse_dps(pipe)))
+    return [reading for reading in found if reading is not None]
 
 
 def pipe_stats(pipe: IterDataPipe[Any]) -> Stats:

@@ -12,7 +12,7 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.policy import Stats
-from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, readings
+from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, reading_of, readings
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.shards import (
@@ -171,7 +171,7 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ShardReading]:
             ``fork``, ``zip``…) or is unknown: its state could not be restored.
     """
     for stage in get_all_graph_pipes(traverse_dps(pipe)):
-        if not isinstance(getattr(stage, "reading", None), ShardReading) and not isinstance(
+        if reading_of(stage) is None and not isinstance(
             stage, (ShardLister, ShardSplitter, *_PASSING)
         ):
             msg = (

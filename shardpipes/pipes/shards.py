@@ -19,7 +19,14 @@ from shardpipes._core.split import ShardPart, global_worker, split_plan
 from shardpipes.errors import NoShardsError
 from shardpipes.pipes.index import Ranges, sample_count
 
-__all__ = ["ShardLister", "ShardSplitter", "distributed", "set_epoch", "worker_placement"]
+__all__ = [
+    "ShardLister",
+    "ShardSplitter",
+    "distributed",
+    "set_epoch",
+    "splitters",
+    "worker_placement",
+]
 
 
 class ShardLister(IterDataPipe[str]):
@@ -346,6 +353,11 @@ def _check_state(
         raise ValueError(msg)
 
 
+def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
+    """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
+    return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+
+
 def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
     """Set the epoch of every ``split_shards`` stage in a pipeline; returns ``pipe``.
 
@@ -357,7 +369,7 @@ def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
     Raises:
         ValueError: If the pipeline has no ``split_shards`` stage (nothing takes an epoch).
     """
-    stages = [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+    stages = splitters(pipe)
     if not stages:
         msg = (
             f"{type(pipe).__name__} has no split_shards stage, so nothing in it takes an "
