@@ -57,12 +57,14 @@ def _open(path: Path) -> tarfile.TarFile:
     return tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
 
 
-def _open_shards(stack: ExitStack, folder: Path, name: str) -> list[tarfile.TarFile]:
-    return [stack.enter_context(_open(folder / f"{name}-{s}.tar")) for s in range(SHARDS)]
+def _open_shards(
+    stack: ExitStack, folder: Path, name: str, shards: int = SHARDS
+) -> list[tarfile.TarFile]:
+    return [stack.enter_context(_open(folder / f"{name}-{s}.tar")) for s in range(shards)]
 
 
-def _shard_of(index: int, count: int) -> int:
-    return index * SHARDS // count
+def _shard_of(index: int, count: int, shards: int = SHARDS) -> int:
+    return index * shards // count
 
 
 def _write_images(root: Path, count: int) -> None:
@@ -80,15 +82,27 @@ def _write_images(root: Path, count: int) -> None:
                 _add(tar, f"{i:06d}.cls", str(i).encode())
 
 
+def write_bytes_shards(
+    folder: Path, name: str, count: int, size: int, *, shards: int = SHARDS, seed: int = 12345
+) -> list[Path]:
+    """``count`` samples of ``size`` random bytes (``.bin``) and their index (``.cls``).
+
+    Sample ``i`` goes to shard ``i * shards // count`` (``{name}-{s}.tar`` in ``folder``,
+    which must exist), so each shard holds a consecutive run; returns the shard paths.
+    """
+    rng = np.random.default_rng(seed)
+    with ExitStack() as stack:
+        tars = _open_shards(stack, folder, name, shards)
+        for i in range(count):
+            tar = tars[_shard_of(i, count, shards)]
+            _add(tar, f"{i:06d}.bin", rng.bytes(size))
+            _add(tar, f"{i:06d}.cls", str(i).encode())
+    return [folder / f"{name}-{s}.tar" for s in range(shards)]
+
+
 def _write_small(root: Path, count: int) -> None:
     (root / "shards").mkdir(parents=True)
-    rng = np.random.default_rng(12345)
-    with ExitStack() as stack:
-        shards = _open_shards(stack, root / "shards", "small")
-        for i in range(count):
-            tar = shards[_shard_of(i, count)]
-            _add(tar, f"{i:06d}.bin", rng.bytes(1024))
-            _add(tar, f"{i:06d}.cls", str(i).encode())
+    write_bytes_shards(root / "shards", "small", count, 1024)
 
 
 def layout(root: Path) -> dict[str, Any]:

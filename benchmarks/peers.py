@@ -65,12 +65,26 @@ def webdataset_row(layout: dict[str, Any], kind: str, workers: int) -> Any:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    dataset = wds.WebDataset(shard_paths(layout, kind), shardshuffle=False)
     if kind == "images":
+        dataset = wds.WebDataset(shard_paths(layout, kind), shardshuffle=False)
         dataset = dataset.decode("pil").to_tuple("jpg", "cls").map_tuple(peer_transform, int)
-    else:  # raw bytes: no decode; int() parses the b"123" of a .cls
-        dataset = dataset.to_tuple("bin", "cls").map_tuple(_identity, int)
-    return DataLoader(dataset.batched(BATCH), batch_size=None, num_workers=workers)
+        dataset = dataset.batched(BATCH)
+    else:
+        dataset = webdataset_bytes(shard_paths(layout, kind), BATCH)
+    return DataLoader(dataset, batch_size=None, num_workers=workers)
+
+
+def webdataset_bytes(urls: list[str], batch: int) -> Any:
+    """webdataset's chain for raw-bytes samples: batches of ``(.bin payloads, int(.cls))``.
+
+    No decode: ``to_tuple`` hands the ``.bin`` bytes through and ``int()`` parses the
+    b"123" of a ``.cls``. Also the webdataset row of ``latency.py`` (over ``http://``
+    URLs, which webdataset reads with one ``curl`` per shard).
+    """
+    import webdataset as wds
+
+    dataset = wds.WebDataset(urls, shardshuffle=False)
+    return dataset.to_tuple("bin", "cls").map_tuple(_identity, int).batched(batch)
 
 
 # --- torchdata 0.9 ---------------------------------------------------------------------

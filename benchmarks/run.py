@@ -61,11 +61,16 @@ def run_row(python: str, name: str, kind: str, workers: int, root: Path) -> dict
     """Run one row in a fresh process; its JSON result (or the error it died of)."""
     cmd = [python, str(HERE / "rows.py"), name, "--kind", kind]
     cmd += ["--workers", str(workers), "--data", str(root)]
+    return run_json(cmd, timeout=900)
+
+
+def run_json(cmd: list[str], *, timeout: float) -> dict[str, Any]:
+    """Run ``cmd``; the JSON object of its last ``{`` line (or the error it died of)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"error": "timed out after 900 s"}
+        return {"error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
