@@ -1,17 +1,21 @@
 """A byte-bounded local cache of remote shards, safe for many worker processes at once.
 
-A shard read whole from a bucket is written, as it streams, to a temporary file in the
-cache folder; only when the whole object has arrived is the file renamed (atomically) to
-its entry name, so a partly downloaded entry is never served. Later reads of that URL —
-whole, or a byte range — open the local file instead.
+Shards are cached as they are read, block by block — whole shards and the parts of shards
+that DataLoader workers or ranks read alike. A shard being filled is a sparse file of its
+full size, ``<entry>.part``, beside a record of the byte ranges written, ``<entry>.ranges``;
+the blocks a worker fetches are written at their offsets and added to the record, under an
+exclusive lock on ``.lock`` in the folder. When the ranges cover the whole shard the file
+is renamed (atomically) to its entry name, and later opens read the local file. A block
+that failed or was cut short is never written, so nothing partial is ever served; blocks
+already written are served by range before the shard is complete.
 
-The folder never holds more than ``max_bytes``: before a download starts, under an
-exclusive lock on ``.lock`` in the folder, the shard's full size is reserved on disk
-(``posix_fallocate`` of the temporary file) after evicting the least recently used
-entries (by modification time, refreshed on every hit). A shard larger than the bound, or
-one that cannot get room because other downloads hold it, is streamed without caching.
-Entries are named by a hash of the URL plus its file name: the cache assumes shards do
-not change (as training shards don't); use a new folder for a new dataset version.
+The folder never holds more than ``max_bytes``: a shard's full size is reserved on disk
+(``posix_fallocate``) when its first block is written, after evicting the least recently
+used entries (by modification time, refreshed on every hit and every write): complete
+entries first, then partial ones, which a stopped epoch may have left. A shard larger
+than the bound, or one that cannot get room, is read without caching. Entries are named
+by a hash of the URL plus its file name: the cache assumes shards do not change (as
+training shards don't); use a new folder for a new dataset version.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +34,7 @@ from shardpipes._core.writer import parse_size
 __all__ = ["ShardCache", "cache_bytes"]
 
 _PART = ".part"
+_RANGES = ".ranges"
 
 
 def cache_bytes(size: int | str) -> int:
@@ -77,42 +82,70 @@ class ShardCache:
             return None
         return path
 
-    def reserve(self, url: str, size: int) -> Path | None:
-        """Make room for ``size`` bytes and return a reserved temporary file, or ``None``."""
-        if size > self.max_bytes:
+    def read(self, url: str, offset: int, length: int) -> bytes | None:
+        """Bytes ``[offset, offset + length)`` of ``url`` if the cache holds them all, else None."""
+        path = self.lookup(url)
+        if path is None:
+            partial = self.entry(url).with_name(self.entry(url).name + _PART)
+            with self._locked():
+                covered = _covers(_load_ranges(partial), offset, offset + length)
+                if not covered:
+                    return None
+                return _pread(partial, offset, length)
+        try:
+            return _pread(path, offset, length)
+        except FileNotFoundError:  # evicted since
             return None
+
+    def fill(self, url: str, size: int, offset: int, data: bytes) -> None:
+        """Write a block of ``url`` (of ``size`` bytes) read from storage at ``offset``.
+
+        Publishes the entry once every byte is written; does nothing when the shard is
+        cached whole already or cannot get room.
+        """
+        entry = self.entry(url)
+        partial = entry.with_name(entry.name + _PART)
         with self._locked():
-            files = self._files()
-            used = sum(st.st_size for _, st in files)
-            entries = sorted((st.st_mtime, path, st.st_size) for path, st in files
-                             if not path.name.endswith(_PART))  # fmt: skip
-            for _, path, bytes_ in entries:
-                if used + size <= self.max_bytes:
-                    break
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    used -= bytes_
-            if used + size > self.max_bytes:  # downloads in progress hold the room
-                return None
-            temp = self.entry(url).with_name(f"{self.entry(url).name}.{uuid.uuid4().hex}{_PART}")
-            with open(temp, "wb") as f:
-                if size:
-                    os.posix_fallocate(f.fileno(), 0, size)
-            return temp
+            if entry.exists():
+                return
+            if not partial.exists() and not self._make_room(partial, size):
+                return
+            with open(partial, "r+b") as f:
+                os.pwrite(f.fileno(), data, offset)
+            ranges = _merge([*_load_ranges(partial), (offset, offset + len(data))])
+            if _covers(ranges, 0, size):
+                os.replace(partial, entry)
+                _ranges_file(partial).unlink(missing_ok=True)
+            else:
+                _ranges_file(partial).write_text(json.dumps(ranges))
 
-    def commit(self, temp: Path, url: str) -> None:
-        """Publish a complete download as the entry of ``url`` (atomic rename)."""
-        os.replace(temp, self.entry(url))
-
-    def abandon(self, temp: Path) -> None:
-        """Drop a download that did not complete."""
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
+    def _make_room(self, partial: Path, size: int) -> bool:
+        """Evict least recently used entries until ``size`` more bytes fit; reserve them."""
+        if size > self.max_bytes:
+            return False
+        files = self._files()
+        used = sum(st.st_size for _, st in files)
+        # complete entries first (least recently used first), then partial ones
+        order = sorted((p.name.endswith(_PART), st.st_mtime, p, st.st_size) for p, st in files)
+        for _, _, path, bytes_ in order:
+            if used + size <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                used -= bytes_
+            if path.name.endswith(_PART):
+                _ranges_file(path).unlink(missing_ok=True)
+        if used + size > self.max_bytes:
+            return False
+        with open(partial, "wb") as f:
+            if size:
+                os.posix_fallocate(f.fileno(), 0, size)
+        return True
 
     def _files(self) -> list[tuple[Path, os.stat_result]]:
         out = []
         for path in self.directory.iterdir():
-            if path.name == ".lock":
+            if path.name == ".lock" or path.name.endswith(_RANGES):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 out.append((path, path.stat()))
@@ -126,3 +159,35 @@ class ShardCache:
                 yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _ranges_file(partial: Path) -> Path:
+    return partial.with_name(partial.name[: -len(_PART)] + _RANGES)
+
+
+def _load_ranges(partial: Path) -> list[tuple[int, int]]:
+    try:
+        return [(int(a), int(b)) for a, b in json.loads(_ranges_file(partial).read_text())]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, disjoint ranges covering what ``ranges`` cover."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _covers(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
+    return any(s <= start and end <= e for s, e in ranges)
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        os.utime(f.fileno())
+        return os.pread(f.fileno(), length, offset)

@@ -1,23 +1,23 @@
-"""The read streams behind :func:`shardpipes.fs.open_input`: retrying, and filling a cache.
+"""The read statistics, and the retrying stream of local files and chained URLs.
 
 :class:`ResilientStream` reads an fsspec file and, after a transient failure, opens it
-again at the byte it had reached (:mod:`shardpipes._retry` decides what is transient);
-:class:`Filling` copies a stream into a reserved cache file and publishes it when whole
-(:mod:`shardpipes._cache`). Both count what they read in :data:`READ_STATS`.
+again at the byte it had reached (:mod:`shardpipes._retry` decides what is transient).
+Remote files are read by :mod:`shardpipes._readahead` instead. Both count what they read
+in :data:`READ_STATS`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
-from shardpipes._cache import ShardCache
 from shardpipes._retry import RetryPolicy, denied, transient
 from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError, StorageError
 
-__all__ = ["READ_STATS", "Filling", "ReadStats", "ResilientStream", "raise_permanent"]
+__all__ = ["READ_STATS", "ReadStats", "ResilientStream", "raise_permanent"]
 
 T = TypeVar("T")
 
@@ -25,94 +25,40 @@ T = TypeVar("T")
 class ReadStats:
     """Bytes read and files opened through :func:`open_input` in this process.
 
-    ``shardpipes.fs.READ_STATS`` counts what the pipes consume (what a resumed epoch
-    reads again, what each worker reads of an indexed shard); a backend's read-ahead may
-    transfer more. ``retries`` counts reads and opens tried again after a transient failure;
-    ``cache_hits`` the opens served from a local shard cache (not counted in ``bytes``).
+    ``shardpipes.fs.READ_STATS`` counts what the pipes consume in ``bytes`` (what a resumed
+    epoch reads again, what each worker reads of an indexed shard); ``fetched`` counts the
+    bytes that ranged requests (``requests``) brought from storage, which reading ahead
+    makes a little more than ``bytes`` where an epoch stops early. ``retries`` counts
+    requests tried again after a transient failure; ``cache_hits`` the opens served from a
+    local shard cache (not counted in ``bytes``).
     """
 
+    _FIELDS = ("bytes", "opens", "retries", "cache_hits", "requests", "fetched")
+
     def __init__(self) -> None:
-        self.bytes = 0
-        self.opens = 0
-        self.retries = 0
-        self.cache_hits = 0
+        self.bytes = self.opens = self.retries = self.cache_hits = 0
+        self.requests = self.fetched = 0
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):  # a fetching thread may hold it at a fork
+            os.register_at_fork(after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
+
+    def count(self, **counts: int) -> None:
+        """Add to the counts (from any thread)."""
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
 
     def reset(self) -> None:
         """Start counting from zero."""
-        self.bytes = self.opens = self.retries = self.cache_hits = 0
+        with self._lock:
+            for name in self._FIELDS:
+                setattr(self, name, 0)
 
 
 READ_STATS = ReadStats()
-
-
-class Filling:
-    """A stream that copies what it reads into a reserved cache file, published when whole."""
-
-    def __init__(
-        self, stream: ResilientStream, cache: ShardCache, temp: Path, url: str, size: int
-    ) -> None:
-        self._stream, self._cache, self._temp, self._url, self._size = (
-            stream, cache, temp, url, size,
-        )  # fmt: skip
-        self._out: IO[bytes] | None = open(temp, "r+b")  # noqa: SIM115 (closed in close())
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        if self._out is not None:
-            self._out.write(data)
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        before = self._stream.tell()
-        after = self._stream.seek(offset, whence)
-        if after != before:  # not a sequential read: no cache entry
-            self._drop()
-        return after
-
-    def tell(self) -> int:
-        return self._stream.tell()
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        try:
-            if self._out is not None:
-                self._complete()
-        finally:
-            self._drop()
-            self._stream.close()
-
-    def _complete(self) -> None:
-        """Read the little that the tar reader leaves (end padding), then publish the entry."""
-        assert self._out is not None
-        rest = self._size - self._stream.tell()
-        if not 0 <= rest <= _TAIL:
-            return
-        while data := self._stream.read(_TAIL):
-            self._out.write(data)
-        if self._out.tell() == self._size == self._stream.tell():
-            self._out.close()
-            self._out = None
-            self._cache.commit(self._temp, self._url)
-
-    def _drop(self) -> None:
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-            self._cache.abandon(self._temp)
-
-    def __enter__(self) -> Filling:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-_TAIL = 1 << 20  # read at most this much more to complete a cache entry
 
 
 class ResilientStream:
@@ -134,7 +80,7 @@ class ResilientStream:
         file = self._fs.open(self._path, "rb")
         if self.pos:
             file.seek(self.pos)
-        READ_STATS.opens += 1
+        READ_STATS.count(opens=1)
         return file
 
     def _attempts(self, what: str, fn: Callable[[], T]) -> T:
@@ -157,7 +103,7 @@ class ResilientStream:
             raise StorageError(problem, url=self.url, offset=self.pos) from exc
 
     def _recover(self) -> None:
-        READ_STATS.retries += 1
+        READ_STATS.count(retries=1)
         self._discard()
 
     def _discard(self) -> None:
@@ -169,7 +115,7 @@ class ResilientStream:
     def read(self, n: int = -1) -> bytes:
         data: bytes = self._attempts("read", lambda: self._file.read(n))
         self.pos += len(data)
-        READ_STATS.bytes += len(data)
+        READ_STATS.count(bytes=len(data))
         return data
 
     def seek(self, offset: int, whence: int = 0) -> int:

@@ -19,9 +19,10 @@ from fsspec.core import url_to_fs as _fsspec_url_to_fs
 
 from shardpipes import _fork
 from shardpipes._cache import ShardCache
+from shardpipes._readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
 from shardpipes._retry import RetryPolicy
-from shardpipes._streams import READ_STATS, Filling, ReadStats, ResilientStream, raise_permanent
-from shardpipes.errors import ShardNotFoundError
+from shardpipes._streams import READ_STATS, ReadStats, ResilientStream, raise_permanent
+from shardpipes.errors import ShardNotFoundError, StorageError
 
 __all__ = [
     "READ_STATS",
@@ -30,9 +31,11 @@ __all__ = [
     "exists",
     "glob",
     "has_magic",
+    "is_remote",
     "listdir",
     "open_input",
     "open_output",
+    "read_ahead",
     "size",
     "url_to_fs",
     "walk",
@@ -254,46 +257,129 @@ def _entries(
     return sorted(out)
 
 
+def is_remote(url: str) -> bool:
+    """Whether ``url`` is read over a network (not a local path, ``file://`` or ``memory://``)."""
+    return _protocol(url) not in _LOCAL
+
+
+def read_ahead(
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+    cache: ShardCache | None = None,
+    *,
+    readahead: int = READAHEAD,
+    io_concurrency: int = IO_CONCURRENCY,
+) -> ReadAhead:
+    """A :class:`~shardpipes._readahead.ReadAhead` for remote URLs with these options.
+
+    Args:
+        storage_options: Passed to the filesystems.
+        retry: The retry policy of every request; default ``RetryPolicy()``.
+        cache: A local shard cache to fill and serve blocks from.
+        readahead: Bytes fetched ahead at most.
+        io_concurrency: Ranged requests in flight at once.
+    """
+    options = dict(storage_options or {})
+    found: dict[tuple[int, str], tuple[Any, str]] = {}
+
+    def resolve(url: str) -> tuple[Any, str]:
+        key = (os.getpid(), url)  # a forked child resolves again (fsspec's loop is per process)
+        if key not in found:
+            found[key] = url_to_fs(url, options)
+        return found[key]
+
+    return ReadAhead(
+        resolve, fetch_range, retry or RetryPolicy(), cache,
+        budget=readahead, concurrency=io_concurrency,
+    )  # fmt: skip
+
+
+def fetch_range(filesystem: Any, url: str, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a file, in one ranged request (fewer at the file's end).
+
+    Raises:
+        StorageError: If the server answered with more than the range (it ignores ranges).
+    """
+    if "http" in _protocols(filesystem):
+        return _http_range(filesystem, path, start, end)
+    data = filesystem.cat_file(path, start=start, end=end)
+    if len(data) > end - start:
+        raise _no_ranges(url)
+    return bytes(data)
+
+
+def _http_range(filesystem: Any, url: str, start: int, end: int) -> bytes:
+    """A ranged GET with fsspec's HTTP session that refuses a whole-file answer unread."""
+    from fsspec.asyn import sync
+
+    async def get() -> bytes:
+        session = await filesystem.set_session()
+        kwargs = filesystem.kwargs.copy()
+        headers = {**kwargs.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
+        async with session.get(filesystem.encode_url(url), headers=headers, **kwargs) as r:
+            filesystem._raise_not_found_for_status(r, url)
+            if r.status != 206 and not (start == 0 and r.content_length == end):
+                raise _no_ranges(url)
+            return bytes(await r.read())
+
+    return sync(filesystem.loop, get)  # type: ignore[no-any-return]
+
+
+def _no_ranges(url: str) -> StorageError:
+    msg = (
+        "the server ignores HTTP Range requests (it sent more than the byte range asked "
+        "for); shardpipes reads shards in ranges: serve them with a server that supports "
+        "Range, as nginx, caddy or any bucket does (python -m http.server does not)"
+    )
+    return StorageError(msg, url=url)
+
+
 def open_input(
     url: str,
     storage_options: StorageOptions | None = None,
     retry: RetryPolicy | None = None,
     *,
     cache: ShardCache | None = None,
-    fill: bool = False,
+    ahead: ReadAhead | None = None,
+    read: Read | None = None,
 ) -> IO[bytes]:
     """Open ``url`` for binary reading, streaming, and resilient to a flaky network.
 
-    A transient failure (see :mod:`shardpipes._retry`) while opening or in the middle of
-    reading is retried with backoff: the file is opened again at the byte offset already
-    read, so nothing is read twice or skipped. Reads are counted in :data:`READ_STATS`.
+    A local file is opened as it is. A remote one is read in ranged requests, ahead of use
+    and several at once (:mod:`shardpipes._readahead`); a transient failure (see
+    :mod:`shardpipes._retry`) of a request is retried with backoff, so nothing is read
+    twice or skipped. Reads are counted in :data:`READ_STATS`.
 
     Args:
         url: The file's URL.
         storage_options: Passed to the filesystem.
         retry: The retry policy; default ``RetryPolicy()`` (5 retries).
-        cache: A local shard cache: a remote ``url`` in it is read from local disk.
-        fill: Add ``url`` to ``cache`` as it is read, if it is read whole, from the start.
+        cache: A local shard cache: a remote ``url`` cached whole is read from local disk;
+            otherwise the blocks read fill it.
+        ahead: The read-ahead to read a remote ``url`` with (a reader's, which knows what
+            comes next); by default one for this file alone.
+        read: What to read of ``url`` (the byte ranges planned); by default all of it.
 
     Raises:
         ShardNotFoundError: If it does not exist (not retried).
         StorageAccessError: If access is refused (not retried).
         StorageError: If a transient failure outlasts the retries; it names the offset.
     """
-    remote = cache is not None and _protocol(url) not in _LOCAL
-    if remote and cache is not None:
+    if not is_remote(url):
+        filesystem, path = url_to_fs(url, storage_options)
+        return ResilientStream(url, filesystem, path, retry or RetryPolicy())  # type: ignore[return-value]
+    if cache is not None:
         hit = cache.lookup(url)
         if hit is not None:
-            READ_STATS.cache_hits += 1
+            READ_STATS.count(cache_hits=1)
             return open(hit, "rb")
-    filesystem, path = url_to_fs(url, storage_options)
-    stream = ResilientStream(url, filesystem, path, retry or RetryPolicy())
-    size = stream.size() if remote and fill else None
-    if cache is not None and size is not None:
-        temp = cache.reserve(url, size)
-        if temp is not None:
-            return Filling(stream, cache, temp, url, size)  # type: ignore[return-value]
-    return stream  # type: ignore[return-value]
+    if ahead is None:
+        ahead = read_ahead(storage_options, retry, cache)
+    return ahead.open(read or Read(url, url, _whole))  # type: ignore[return-value]
+
+
+def _whole() -> tuple[tuple[int, int | None], ...]:
+    return ((0, None),)
 
 
 _LOCAL = frozenset({"file", "local", "memory"})

@@ -18,6 +18,7 @@ again, beyond the buffer's samples and the rest of the cursor's read block.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import random
@@ -31,6 +32,7 @@ from shardpipes._core.steps import InFlight
 __all__ = ["EpochRun", "PartReader", "Shuffling"]
 
 Shuffling = tuple[int, "int | Callable[[], int]"]  # (buffer size, seed or a function of it)
+AHEAD = 2  #: parts the reader is told of ahead of reading them (to fetch their bytes early)
 
 
 class PartReader(Protocol):
@@ -43,6 +45,9 @@ class PartReader(Protocol):
 
     def fetch(self, url: str, spans: Iterable[tuple[int, int]]) -> dict[int, Sample]:
         """Samples by byte range, by start offset."""
+
+    def upcoming(self, parts: Sequence[tuple[ShardPart, tuple[int, int] | None]]) -> None:
+        """The parts (and where in them) to be read next, the first one first."""
 
 
 class EpochRun:
@@ -122,23 +127,36 @@ class EpochRun:
             yield buffer.pop()
 
     def _read(self) -> Iterator[Iterator[Located]]:
-        """Each part's samples in turn (skipping, when restoring, the parts done before)."""
+        """Each part's samples in turn (skipping, when restoring, the parts done before).
+
+        The reader is told the next :data:`AHEAD` parts as each part begins, so that it can
+        fetch them ahead; they are taken from ``parts`` that much earlier.
+        """
         saved = self.restoring
         skip = saved["cursor"][0] if saved is not None else 0
         if self.draining:
             return
-        for n, part in enumerate(self.parts, start=1):
-            if n == 1 and saved is None and self.size and callable(self.seed):
-                self.rng.seed(self.seed())
-            self.digest.update(repr(tuple(part)).encode())
-            if n < skip:
-                continue
-            at = None
-            if n == skip and saved is not None:
-                self._check(saved)
-                at = self.at
-            self.taken, self.last, self.at, self.restoring = n, None, at, None
-            yield self.reader.samples(part, spans=True, at=at)
+        source, ahead = iter(self.parts), collections.deque[ShardPart]()
+        try:
+            for n in itertools.count(1):
+                part = ahead.popleft() if ahead else next(source, None)
+                if part is None:
+                    break
+                if n == 1 and saved is None and self.size and callable(self.seed):
+                    self.rng.seed(self.seed())
+                self.digest.update(repr(tuple(part)).encode())
+                if n < skip:
+                    continue
+                at = None
+                if n == skip and saved is not None:
+                    self._check(saved)
+                    at = self.at
+                self.taken, self.last, self.at, self.restoring = n, None, at, None
+                ahead.extend(itertools.islice(source, AHEAD - len(ahead)))
+                self.reader.upcoming([(part, at), *((p, None) for p in ahead)])
+                yield self.reader.samples(part, spans=True, at=at)
+        finally:
+            self.reader.upcoming([])  # an epoch ended or abandoned: nothing more to fetch
         if self.restoring is not None:  # fewer parts than when it was saved
             self._check(self.restoring)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypedDict
 
 from shardpipes import fs
@@ -13,6 +13,9 @@ from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import MAX_MEMBER_BYTES, Member, iter_members
+from shardpipes._core.writer import parse_size
+from shardpipes._readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
+from shardpipes._readahead import Ranges as ReadRanges
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
 from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
@@ -42,6 +45,11 @@ class ReadOptions(TypedDict, total=False):
         cache_size: The folder's bound in bytes (or ``"20GB"``): least recently used
             shards are evicted to stay under it.
         max_member_bytes: Refuse a member larger than this (1 GiB) before reading it.
+        readahead: Bytes of remote shards each reader (one per DataLoader worker) fetches
+            ahead of use, the current shard's and the next ones' (``64MiB``; an int or a
+            text such as ``"256MiB"``; 0: none); see "Reading from a bucket" in the README.
+        io_concurrency: Ranged requests each reader keeps in flight at once (4): more
+            connections than one carry more than one connection's bandwidth.
     """
 
     storage_options: Mapping[str, Any] | None
@@ -51,6 +59,8 @@ class ReadOptions(TypedDict, total=False):
     cache_dir: str | None
     cache_size: int | str | None
     max_member_bytes: int
+    readahead: int | str
+    io_concurrency: int
 
 
 def check_options(where: str, options: Mapping[str, Any]) -> None:
@@ -94,6 +104,8 @@ class ShardReader:
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
         max_member_bytes: int = MAX_MEMBER_BYTES,
+        readahead: int | str = READAHEAD,
+        io_concurrency: int = IO_CONCURRENCY,
     ) -> None:
         if not (isinstance(max_member_bytes, int) and max_member_bytes >= 0):
             msg = f"max_member_bytes must be a non-negative int (got {max_member_bytes!r})"
@@ -108,6 +120,53 @@ class ShardReader:
             raise TypeError(msg)
         self.index = index
         self._indexes: dict[str, Ranges | None] = {}
+        self.readahead = _readahead_bytes(readahead)
+        if isinstance(io_concurrency, bool) or not isinstance(io_concurrency, int):
+            msg = f"io_concurrency must be an int of at least 1 (got {io_concurrency!r})"
+            raise TypeError(msg)
+        if io_concurrency < 1:
+            msg = f"io_concurrency must be at least 1 (got {io_concurrency!r})"
+            raise ValueError(msg)
+        self.io_concurrency = io_concurrency
+        self._ahead: ReadAhead | None = None  # made in the process that reads
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ahead": None}  # threads and locks stay in their process
+
+    @property
+    def ahead(self) -> ReadAhead:
+        """This reader's read-ahead of remote shards (one per process)."""
+        if self._ahead is None:
+            self._ahead = fs.read_ahead(
+                self.storage_options, self.retry, self.cache,
+                readahead=self.readahead, io_concurrency=self.io_concurrency,
+            )  # fmt: skip
+        return self._ahead
+
+    def upcoming(self, parts: Sequence[tuple[ShardPart, tuple[int, int] | None]]) -> None:
+        """The parts to be read next, in order: their bytes are fetched ahead."""
+        reads = [self._read_of(part, at) for part, at in parts if fs.is_remote(part.url)]
+        if reads or self._ahead is not None:
+            self.ahead.plan(reads)
+
+    def _read_of(self, part: ShardPart, at: tuple[int, int] | None) -> Read:
+        return Read((part, at), part.url, functools.partial(self._locate, part, at))
+
+    def _locate(self, part: ShardPart, at: tuple[int, int] | None) -> ReadRanges:
+        """The byte ranges that reading ``part`` (from ``at``) will read; see ``_members``."""
+        if part.span is not None:
+            start, end = part.span
+            return ((start if at is None else at[0], end),)
+        offset = 0 if at is None else at[0]
+        whole = part.parts == 1 and part.start == 0 and part.stop is None
+        ranges = self._ranges(part.url) if not whole and self.index is not False else None
+        if ranges is not None:
+            mine = part_samples(len(ranges), part)
+            if not mine:
+                return ()
+            return ((ranges[mine.start][0] if at is None else offset, ranges[mine.stop - 1][1]),)
+        # from the start (the gzip magic is read there), then from the offset resumed at
+        return ((0, None),) if not offset else ((0, 2), (offset, None))
 
     def samples(
         self, item: str | ShardPart, *, spans: bool = False, at: tuple[int, int] | None = None
@@ -125,10 +184,10 @@ class ShardReader:
         policy, read = self.policy, 0
         policy.count("shards")
         try:
-            whole = at is None and part == ShardPart(part.url)
             with fs.open_input(
-                part.url, self.storage_options, self.retry, cache=self.cache, fill=whole
-            ) as stream:
+                part.url, self.storage_options, self.retry, cache=self.cache,
+                ahead=self.ahead, read=self._read_of(part, at),
+            ) as stream:  # fmt: skip
                 members, first = self._members(stream, part, at)
                 for item in group_samples(
                     members, url=part.url, handler=policy, spans=spans, first_index=first
@@ -155,7 +214,10 @@ class ShardReader:
         """
         wanted = dict(sorted(set(spans)))
         found: dict[int, Sample] = {}
-        with fs.open_input(url, self.storage_options, self.retry, cache=self.cache) as stream:
+        read = Read(("fetch", url, tuple(wanted.items())), url, lambda: tuple(wanted.items()))
+        with fs.open_input(
+            url, self.storage_options, self.retry, cache=self.cache, ahead=self.ahead, read=read
+        ) as stream:
             if is_gzip(stream):
                 last = max(wanted.values(), default=0)
                 members = self._iter(stream, url)
@@ -232,6 +294,17 @@ class ShardReader:
                     ranges = None  # compressed: fall back to streaming the part
             self._indexes[url] = ranges
         return self._indexes[url]
+
+
+def _readahead_bytes(size: int | str) -> int:
+    if isinstance(size, bool) or not isinstance(size, int | str):
+        msg = f"readahead must be bytes or a text such as '64MiB' (got {size!r})"
+        raise TypeError(msg)
+    value = parse_size(size) if isinstance(size, str) else size
+    if value < 0:
+        msg = f"readahead must be at least 0 bytes (got {size!r})"
+        raise ValueError(msg)
+    return value
 
 
 def _cache(directory: str | None, size: int | str | None) -> ShardCache | None:

@@ -114,13 +114,20 @@ def test_bad_cache_settings() -> None:
         sp.recipes.tar_shards("s3://b/x.tar", cache_dir="/tmp/x", cache_size="lots")
 
 
-def test_reservations_count_against_the_bound(tmp_path: Path) -> None:
-    """A download in progress holds its room: a second one that does not fit is refused."""
+def test_blocks_fill_entries_and_evict_complete_ones_first(tmp_path: Path) -> None:
+    """Blocks are served once written; a shard is an entry once whole; room: LRU, partials last."""
     cache = ShardCache(tmp_path, max_bytes=1000)
-    first = cache.reserve("s3://b/a.tar", 600)
-    assert first is not None and first.stat().st_size == 600
-    assert cache.reserve("s3://b/b.tar", 600) is None  # would exceed 1000 with a's room
-    cache.commit(first, "s3://b/a.tar")
-    second = cache.reserve("s3://b/b.tar", 600)  # evicts the entry of a
-    assert second is not None and cache.lookup("s3://b/a.tar") is None
-    assert cache.reserve("s3://b/c.tar", 1001) is None  # larger than the bound
+    cache.fill("s3://b/a.tar", 600, 0, b"a" * 100)  # a partial entry of 600 bytes
+    assert cache.read("s3://b/a.tar", 0, 100) == b"a" * 100
+    assert cache.read("s3://b/a.tar", 50, 100) is None  # bytes 100..150 were never written
+    assert cache.lookup("s3://b/a.tar") is None
+    cache.fill("s3://b/c.tar", 300, 150, b"c" * 150)
+    cache.fill("s3://b/c.tar", 300, 0, b"c" * 150)  # whole: published
+    assert cache.lookup("s3://b/c.tar") is not None
+    assert cache.read("s3://b/c.tar", 100, 100) == b"c" * 100
+    cache.fill("s3://b/b.tar", 600, 0, b"b" * 10)  # needs 600: c goes, then the partial a
+    assert cache.lookup("s3://b/c.tar") is None and cache.read("s3://b/a.tar", 0, 100) is None
+    assert cache.read("s3://b/b.tar", 0, 10) == b"b" * 10
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= 1000 + 100  # + the records
+    cache.fill("s3://b/d.tar", 1001, 0, b"d")  # larger than the bound: not cached
+    assert cache.read("s3://b/d.tar", 0, 1) is None

@@ -1,0 +1,530 @@
+"""Reading remote shards ahead of use: parallel ranged reads, bounded in bytes per reader.
+
+A real bucket costs a round trip before the first byte of every request (20–100 ms) and
+carries only so many MB/s on one connection. Read stop-and-wait — ask for a block, parse
+it, ask for the next — a worker spends most of its time waiting. :class:`ReadAhead`
+instead knows what a worker will read (the current shard or part, and the next ones of
+its plan, from :meth:`ReadAhead.plan`) and keeps fetching it in blocks, several at once
+(``concurrency`` connections), ahead of the tar reader, as far as its byte budget allows:
+
+* each planned read is a :class:`Read` — a URL and byte ranges (``end=None``: to the end
+  of the file, whose size is then asked for, in parallel with the first block);
+* blocks start small (:data:`FIRST_BLOCK`, so the first samples come after one round trip)
+  and double up to the block size, ``budget / (2 × concurrency)`` within
+  [:data:`MIN_BLOCK`, :data:`MAX_BLOCK`];
+* a block counts against the budget from the moment it is asked for until the reader has
+  read past it: fetched, in flight and unread bytes together never exceed ``budget``
+  (one block may, when the budget is smaller than a block);
+* a block that fails transiently is fetched again (``RetryPolicy``): the reader sees each
+  byte exactly once, as with :class:`~shardpipes._streams.ResilientStream`;
+* a :class:`~shardpipes._cache.ShardCache` is filled block by block — from whole shards
+  and from parts alike — and serves the blocks it holds.
+
+:meth:`ReadAhead.open` gives a seekable stream over a read. Reading or seeking outside the
+planned ranges is allowed: the read is planned again from there. Chained URLs
+(``simplecache::s3://…``) are not fetched in blocks: their filesystem downloads the file
+itself, so the next one is opened in the background instead.
+
+Threads: ``concurrency`` daemon threads per :class:`ReadAhead`, started in the process that
+reads (a forked DataLoader worker starts its own), idle when nothing is planned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardpipes._cache import ShardCache
+from shardpipes._retry import RetryPolicy, transient
+from shardpipes._streams import READ_STATS, ResilientStream, raise_permanent
+from shardpipes.errors import StorageError
+
+__all__ = [
+    "FIRST_BLOCK",
+    "IO_CONCURRENCY",
+    "MAX_BLOCK",
+    "MIN_BLOCK",
+    "READAHEAD",
+    "Read",
+    "ReadAhead",
+]
+
+READAHEAD = 64 * 2**20  #: default byte budget of one reader (one per DataLoader worker)
+IO_CONCURRENCY = 4  #: default ranged reads in flight at once, per reader
+FIRST_BLOCK = 1 * 2**20  #: the first block of a read: its first samples after one round trip
+MIN_BLOCK = 1 * 2**20
+MAX_BLOCK = 8 * 2**20
+
+Ranges = tuple[tuple[int, int | None], ...]
+Fetch = Callable[[int, int], bytes]
+
+
+@dataclass(frozen=True)
+class Read:
+    """A planned read: what :meth:`ReadAhead.open` will be asked for, and how to find it.
+
+    Attributes:
+        key: What identifies the read when it is opened (e.g. the shard part and offset).
+        url: The file's URL.
+        locate: The byte ranges to read, ``end=None`` meaning to the end of the file;
+            called in a fetching thread (it may read an index).
+    """
+
+    key: Hashable
+    url: str
+    locate: Callable[[], Ranges]
+
+
+@dataclass
+class _Block:
+    offset: int
+    length: int
+    future: Future[bytes] = field(default_factory=Future)
+    dropped: bool = False  # read past, or its read was dropped
+    released: bool = False  # its bytes given back to the budget
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+class _Source:
+    """The state of one planned read: its ranges, its size, its blocks asked for."""
+
+    def __init__(self, read: Read) -> None:
+        self.read = read
+        self.ranges: list[tuple[int, int | None]] | None = None  # None: not located yet
+        self.size: int | None = None  # the file's size, where needed and known
+        self.ready: Future[None] = Future()  # located (and sized, where needed)
+        self.started = False
+        self.blocks: deque[_Block] = deque()
+        self.next = 0  # index in ranges of the range being cut into blocks
+        self.cursor: int | None = None  # next offset to ask for in that range
+        self.grow = FIRST_BLOCK
+        self.closed = False
+        self.chained = "::" in read.url  # opened whole (its filesystem caches it)
+        self.opened: Future[ResilientStream] | None = None
+
+    def needs_size(self, cache: bool) -> bool:
+        assert self.ranges is not None
+        return cache or any(end is None for _, end in self.ranges)
+
+    def limit(self, end: int | None) -> int | None:
+        return self.size if end is None else end if self.size is None else min(end, self.size)
+
+
+class ReadAhead:
+    """Fetches planned reads ahead of use, within a byte budget; see the module docs.
+
+    Args:
+        resolve: ``resolve(url) -> (filesystem, path)``.
+        fetch: ``fetch(filesystem, url, path, start, end) -> bytes``, one ranged GET.
+        retry: The retry policy of every request.
+        cache: A local shard cache to fill and read from, or ``None``.
+        budget: Bytes fetched ahead at most (see the module docs); 0 reads block by block,
+            on demand, with no read ahead.
+        concurrency: Requests in flight at once.
+    """
+
+    def __init__(
+        self,
+        resolve: Callable[[str], tuple[Any, str]],
+        fetch: Callable[[Any, str, str, int, int], bytes],
+        retry: RetryPolicy,
+        cache: ShardCache | None,
+        *,
+        budget: int = READAHEAD,
+        concurrency: int = IO_CONCURRENCY,
+    ) -> None:
+        self.resolve, self._fetch, self.retry, self.cache = resolve, fetch, retry, cache
+        self.budget, self.concurrency = budget, concurrency
+        self.block = min(MAX_BLOCK, max(MIN_BLOCK, budget // (2 * concurrency)))
+        self._lock = threading.Lock()
+        self._sources: list[_Source] = []  # the open ones first, then the planned ones
+        self._held = 0  # bytes of blocks asked for and not yet read past
+        self._inflight = 0  # blocks asked for and not yet come
+        self._pid = os.getpid()  # the process whose reads these are
+
+    # -- what the reader calls -----------------------------------------------------------
+
+    def plan(self, reads: Sequence[Read]) -> None:
+        """The reads that come after the open one(s), in order; others planned are dropped."""
+        self._fork_check()
+        with self._lock:
+            planned = {s.read.key: s for s in self._sources if not s.started}
+            keep = [s for s in self._sources if s.started]
+            keep += [
+                planned.pop(read.key) if read.key in planned else _Source(read) for read in reads
+            ]
+            for source in planned.values():
+                self._drop(source)
+            self._sources = keep
+            self._pump()
+
+    def open(self, read: Read) -> _Stream:
+        """A stream over ``read``: the planned one if it was planned, else a new one.
+
+        Raises:
+            ShardNotFoundError, StorageAccessError, StorageError: As the file's size or
+                location is found (where they must be), else at the first read.
+        """
+        self._fork_check()
+        with self._lock:
+            source = next(
+                (s for s in self._sources if not s.started and s.read.key == read.key), None
+            )
+            if source is None:
+                source = _Source(read)
+                self._sources.insert(sum(s.started for s in self._sources), source)
+            source.started = True
+            self._pump()
+        READ_STATS.count(opens=1)
+        stream = _Stream(self, source)
+        source.ready.result()  # raises what finding it raised
+        return stream
+
+    def close(self) -> None:
+        """Drop everything planned and open (a reader's epoch ended or was abandoned)."""
+        with self._lock:
+            for source in self._sources:
+                self._drop(source)
+            self._sources = []
+
+    # -- scheduling (under the lock) -----------------------------------------------------
+
+    def _pump(self) -> None:
+        """Ask for what the budget allows, in plan order."""
+        for source in self._sources:
+            if source.closed:
+                continue
+            if source.ranges is None:
+                if not source.ready.running():
+                    source.ready.set_running_or_notify_cancel()
+                    self._submit(lambda s=source: self._locate(s))  # type: ignore[misc]
+                return  # the next sources wait for this one to be located
+            if source.chained:
+                if source.opened is None:
+                    source.opened = Future()
+                    self._submit(lambda s=source: self._open_whole(s))  # type: ignore[misc]
+                continue
+            if not self._cut(source):
+                return  # out of budget
+
+    def _cut(self, source: _Source, *, force: bool = False) -> bool:
+        """Ask for the blocks of ``source`` the budget allows; whether all were asked for.
+
+        With ``force``, one block is asked for whatever the budget: the reader waits on it.
+        """
+        assert source.ranges is not None
+        while source.next < len(source.ranges):
+            start, end = source.ranges[source.next]
+            if source.cursor is None:
+                source.cursor = start
+            limit = source.limit(end)
+            if limit is not None and source.cursor >= limit:
+                source.next, source.cursor = source.next + 1, None
+                continue
+            if limit is None and source.cursor != start:
+                return False  # to the end of a file of unknown size: wait for its size
+            length = source.grow if limit is None else min(source.grow, limit - source.cursor)
+            busy = self._inflight >= self.concurrency
+            if not force and (busy or (self._held and self._held + length > self.budget)):
+                return False
+            force = False
+            block = _Block(source.cursor, length)
+            block.future.set_running_or_notify_cancel()
+            source.blocks.append(block)
+            self._held += length
+            self._inflight += 1
+            source.cursor += length
+            source.grow = min(source.grow * 2, self.block)
+            self._submit(lambda s=source, b=block: self._get(s, b))  # type: ignore[misc]
+        return True
+
+    def settle_size(self, source: _Source, size: int) -> None:
+        """A block came back short: the file ends at ``size``."""
+        with self._lock:
+            if source.size is None or source.size > size:
+                source.size = size
+
+    def _drop(self, source: _Source) -> None:
+        source.closed = True
+        for block in source.blocks:
+            self._release(block)
+        source.blocks.clear()
+        if source.opened is not None and source.opened.done() and not source.opened.exception():
+            with contextlib.suppress(Exception):
+                source.opened.result().close()
+
+    def _release(self, block: _Block) -> None:
+        """Give back a block's bytes: now if it has come, else when it does (in ``_get``)."""
+        block.dropped = True
+        if block.future.done() and not block.released:
+            block.released = True
+            self._held -= block.length
+
+    # -- the work, in the fetching threads ------------------------------------------------
+
+    def _submit(self, task: Callable[[], None]) -> None:
+        # one thread more than the requests in flight: a read being located may itself
+        # read (an index) through the pool
+        _threads(self.concurrency + 1).put(task)
+
+    def _fork_check(self) -> None:
+        """In a forked process, forget the parent's reads: its threads did not come along."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._sources, self._held, self._inflight = [], 0, 0
+
+    def _locate(self, source: _Source) -> None:
+        try:
+            ranges = list(source.read.locate())
+            with self._lock:
+                source.ranges = ranges
+                self._pump()  # the first block goes out before the size is known
+            if source.needs_size(self.cache is not None) and not source.chained:
+                filesystem, path = self.resolve(source.read.url)
+                size = self._call(source.read.url, 0, lambda: int(filesystem.size(path)), "open")
+                with self._lock:
+                    source.size = size if source.size is None else min(size, source.size)
+        except BaseException as exc:
+            with self._lock:
+                self._drop(source)  # its first block's retries stop (see _call)
+                source.ranges = source.ranges or []
+            source.ready.set_exception(exc)
+        else:
+            source.ready.set_result(None)
+        with self._lock:
+            self._pump()
+
+    def _open_whole(self, source: _Source) -> None:
+        assert source.opened is not None
+        url = source.read.url
+        try:
+            stream = ResilientStream(url, *self.resolve(url), self.retry)
+        except BaseException as exc:
+            source.opened.set_exception(exc)
+        else:
+            source.opened.set_result(stream)
+
+    def _get(self, source: _Source, block: _Block) -> None:
+        try:
+            self._get_block(source, block)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                if block.dropped and not block.released:
+                    block.released = True
+                    self._held -= block.length
+                self._pump()
+
+    def _get_block(self, source: _Source, block: _Block) -> None:
+        if block.dropped or source.closed:
+            block.future.set_result(b"")
+            return
+        url = source.read.url
+        try:
+            data = self.cache.read(url, block.offset, block.length) if self.cache else None
+            if data is None:
+                filesystem, path = self.resolve(url)
+                data = self._call(
+                    url,
+                    block.offset,
+                    lambda: self._fetch(filesystem, url, path, block.offset, block.end),
+                    source=source,
+                )
+                READ_STATS.count(requests=1, fetched=len(data))
+                if self.cache is not None:
+                    source.ready.result()
+                    if source.size is not None:
+                        self.cache.fill(url, source.size, block.offset, data)
+        except BaseException as exc:
+            block.future.set_exception(exc)
+        else:
+            block.future.set_result(data)
+
+    def _call(
+        self,
+        url: str,
+        offset: int,
+        fn: Callable[[], Any],
+        what: str = "read",
+        *,
+        source: _Source | None = None,
+    ) -> Any:
+        """``fn()`` with the retry policy; failures as shardpipes errors naming ``url``.
+
+        A block's retries stop once its ``source`` is dropped (nobody will read it).
+        """
+
+        def recover() -> None:
+            if source is not None and source.closed:
+                raise _DroppedError
+            READ_STATS.count(retries=1)
+
+        try:
+            return self.retry.call(f"{url} at byte {offset}", fn, recover)
+        except Exception as exc:
+            raise_permanent(exc, url)
+            if not transient(exc):
+                raise
+            problem = (
+                f"{what} failed after {self.retry.retries} retries: {type(exc).__name__}: {exc}"
+            )
+            raise StorageError(problem, url=url, offset=offset) from exc
+
+
+class _DroppedError(Exception):
+    """A block's read was dropped while it was being retried."""
+
+
+Task = Callable[[], None]
+_pool: dict[str, Any] = {"pid": -1, "threads": 0, "tasks": None}
+_pool_lock = threading.Lock()
+
+
+def _threads(n: int) -> queue.SimpleQueue[Task]:
+    """The process's task queue, served by at least ``n`` daemon threads."""
+    with _pool_lock:
+        if _pool["pid"] != os.getpid():  # first use, or a forked child: threads anew
+            _pool.update(pid=os.getpid(), threads=0, tasks=queue.SimpleQueue())
+        tasks: queue.SimpleQueue[Task] = _pool["tasks"]
+        while _pool["threads"] < n:
+            thread = threading.Thread(target=_serve, args=(tasks,), name="shardpipes-io")
+            thread.daemon = True
+            thread.start()
+            _pool["threads"] += 1
+        return tasks
+
+
+def _serve(tasks: queue.SimpleQueue[Task]) -> None:
+    while True:
+        tasks.get()()
+
+
+class _Stream:
+    """A seekable, read-only stream over one planned read (see :meth:`ReadAhead.open`)."""
+
+    def __init__(self, ahead: ReadAhead, source: _Source) -> None:
+        self._ahead, self._source = ahead, source
+        self.pos = 0
+
+    def _whole(self) -> ResilientStream | None:
+        opened = self._source.opened
+        if opened is None:
+            return None
+        stream = opened.result()
+        if stream.tell() != self.pos:
+            stream.seek(self.pos)
+        return stream
+
+    def read(self, n: int = -1) -> bytes:
+        whole = self._whole()
+        if whole is not None:
+            data = whole.read(n)
+            self.pos += len(data)
+            READ_STATS.count(bytes=len(data))
+            return data
+        parts: list[bytes] = []
+        want = n if n >= 0 else None
+        while want is None or want > 0:
+            block = self._block()
+            if block is None:
+                break
+            data = block.future.result()
+            start = self.pos - block.offset
+            stop = len(data) if want is None else min(len(data), start + want)
+            if len(data) < block.length:  # a short block: the file ends there
+                self._ahead.settle_size(self._source, block.offset + len(data))
+            if stop <= start:
+                break
+            parts.append(data[start:stop])
+            self.pos += stop - start
+            if want is not None:
+                want -= stop - start
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        READ_STATS.count(bytes=len(out))
+        return out
+
+    def _block(self) -> _Block | None:
+        """The block holding ``pos``, asked for now if it was not; ``None`` at the file's end."""
+        ahead, source = self._ahead, self._source
+        with ahead._lock:
+            while source.blocks and source.blocks[0].end <= self.pos:
+                ahead._release(source.blocks.popleft())
+            if not (source.blocks and source.blocks[0].offset <= self.pos):
+                if source.size is not None and self.pos >= source.size:
+                    return None
+                if source.blocks or _next_offset(source) != self.pos:
+                    _replan(ahead, source, self.pos)  # outside the plan: from here to the end
+                ahead._cut(source, force=True)
+            ahead._pump()
+            return source.blocks[0]
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 2:
+            size = self._size()
+            target = size + offset
+        else:
+            target = offset if whence == 0 else self.pos + offset
+        if target < 0:
+            msg = f"negative seek position {target}"
+            raise ValueError(msg)
+        self.pos = target
+        return target
+
+    def _size(self) -> int:
+        source = self._source
+        if source.size is None:
+            url = source.read.url
+            filesystem, path = self._ahead.resolve(url)
+            source.size = self._ahead._call(url, 0, lambda: int(filesystem.size(path)), "open")
+        return source.size
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        ahead = self._ahead
+        with ahead._lock:
+            ahead._drop(self._source)
+            with contextlib.suppress(ValueError):
+                ahead._sources.remove(self._source)
+            ahead._pump()
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _next_offset(source: _Source) -> int | None:
+    """The offset of the next block ``source`` would ask for (``None``: none left)."""
+    assert source.ranges is not None
+    if source.next >= len(source.ranges):
+        return None
+    return source.cursor if source.cursor is not None else source.ranges[source.next][0]
+
+
+def _replan(ahead: ReadAhead, source: _Source, pos: int) -> None:
+    """Plan ``source`` anew from ``pos`` to the end of its file."""
+    for block in source.blocks:
+        ahead._release(block)
+    source.blocks.clear()
+    source.ranges, source.next, source.cursor = [(pos, None)], 0, None
+    source.grow = FIRST_BLOCK
