@@ -9,9 +9,10 @@ its plan, from :meth:`ReadAhead.plan`) and keeps fetching it in blocks, several 
 
 * each planned read is a :class:`Read` — a URL and byte ranges (``end=None``: to the end
   of the file, whose size is then asked for, in parallel with the first block);
-* blocks start small (:data:`FIRST_BLOCK`, so the first samples come after one round trip)
-  and double up to the block size, ``budget / (2 × concurrency)`` within
-  [:data:`MIN_BLOCK`, :data:`MAX_BLOCK`];
+* blocks are ``budget / (2 × concurrency)`` bytes, within [:data:`MIN_BLOCK`,
+  :data:`MAX_BLOCK`]; a read that the reader already waits for (the first one, or one
+  not planned) starts at :data:`FIRST_BLOCK` and doubles, so that its first samples come
+  after one round trip;
 * a block counts against the budget from the moment it is asked for until the reader has
   read past it: fetched, in flight and unread bytes together never exceed ``budget``
   (one block may, when the budget is smaller than a block);
@@ -107,7 +108,7 @@ class _Source:
         self.blocks: deque[_Block] = deque()
         self.next = 0  # index in ranges of the range being cut into blocks
         self.cursor: int | None = None  # next offset to ask for in that range
-        self.grow = FIRST_BLOCK
+        self.grow = 0  # the next block's size (0: not cut yet)
         self.closed = False
         self.chained = "::" in read.url  # opened whole (its filesystem caches it)
         self.opened: Future[ResilientStream] | None = None
@@ -233,6 +234,8 @@ class ReadAhead:
                 continue
             if limit is None and source.cursor != start:
                 return False  # to the end of a file of unknown size: wait for its size
+            if not source.grow:  # a read waited for starts small; one fetched ahead does not
+                source.grow = min(FIRST_BLOCK, self.block) if source.started else self.block
             length = source.grow if limit is None else min(source.grow, limit - source.cursor)
             busy = self._inflight >= self.concurrency
             if not force and (busy or (self._held and self._held + length > self.budget)):
@@ -527,4 +530,4 @@ def _replan(ahead: ReadAhead, source: _Source, pos: int) -> None:
         ahead._release(block)
     source.blocks.clear()
     source.ranges, source.next, source.cursor = [(pos, None)], 0, None
-    source.grow = FIRST_BLOCK
+    source.grow = 0
