@@ -43,9 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardpipes._cache import ShardCache
-from shardpipes._retry import RetryPolicy, transient
+from shardpipes._retry import RetryPolicy, gave_up, transient
 from shardpipes._streams import READ_STATS, ResilientStream, raise_permanent
-from shardpipes.errors import StorageError
 
 __all__ = [
     "FIRST_BLOCK",
@@ -150,6 +149,7 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._sources: list[_Source] = []  # the open ones first, then the planned ones
         self._held = 0  # bytes of blocks asked for and not yet read past
+        self.peak = 0  #: the most bytes held at once (the budget, plus a block at most)
         self._inflight = 0  # blocks asked for and not yet come
         self._pid = os.getpid()  # the process whose reads these are
 
@@ -245,6 +245,7 @@ class ReadAhead:
             block.future.set_running_or_notify_cancel()
             source.blocks.append(block)
             self._held += length
+            self.peak = max(self.peak, self._held)
             self._inflight += 1
             source.cursor += length
             source.grow = min(source.grow * 2, self.block)
@@ -379,10 +380,7 @@ class ReadAhead:
             raise_permanent(exc, url)
             if not transient(exc):
                 raise
-            problem = (
-                f"{what} failed after {self.retry.retries} retries: {type(exc).__name__}: {exc}"
-            )
-            raise StorageError(problem, url=url, offset=offset) from exc
+            raise gave_up(exc, url, what, self.retry.retries, offset) from exc
 
 
 class _DroppedError(Exception):

@@ -9,7 +9,9 @@ A failure is **transient** (worth retrying) when anything in its cause chain is 
 connection or timeout error, a truncated or unparseable response, an HTTP 5xx, 408 or 429
 status, or an S3 ``SlowDown``; it is **permanent** when it is a missing file
 (``FileNotFoundError``: 404, ``NoSuchKey``, ``NoSuchBucket``) or a refusal
-(``PermissionError``, 401, 403). Anything else is not retried either.
+(``PermissionError``, 401, 403, missing credentials). Anything else is not retried either.
+A missing file whose cause is a failed connection (fsspec's HTTP backend reports an
+unreachable server as ``FileNotFoundError``) is a failure to reach it, hence transient.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["RetryPolicy", "denied", "transient"]
+from shardpipes.errors import StorageError
+
+__all__ = ["RetryPolicy", "denied", "gave_up", "missing", "transient"]
 
 log = logging.getLogger("shardpipes")
 
@@ -84,7 +88,14 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
-_REFUSALS = frozenset({"ClientAuthenticationError", "RefreshError"})  # azure-core, google-auth
+_REFUSALS = frozenset(
+    {
+        "ClientAuthenticationError",  # azure-core
+        "RefreshError",  # google-auth
+        "NoCredentialsError",  # botocore: none found in storage_options nor the environment
+        "PartialCredentialsError",
+    }
+)
 
 
 def denied(exc: BaseException) -> bool:
@@ -97,26 +108,46 @@ def denied(exc: BaseException) -> bool:
     )
 
 
+def _trouble(e: BaseException) -> bool:
+    """Whether ``e`` itself is a connection failure, a timeout, a cut response or a 5xx."""
+    if (
+        isinstance(e, ConnectionError | TimeoutError)
+        or (isinstance(e, OSError) and e.errno in _ERRNOS)
+        or any(c.__name__ in _NAMES for c in type(e).__mro__)
+    ):
+        return True
+    status = _status(e)
+    if status is not None and (status >= 500 or status in (408, 429)):
+        return True
+    return any(marker in str(e) for marker in _MARKERS)
+
+
+def missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says that the file is not there (not that it could not be reached)."""
+    chain = list(_chain(exc))
+    not_found = any(isinstance(e, FileNotFoundError) or _status(e) == 404 for e in chain)
+    return not_found and not any(_trouble(e) for e in chain)
+
+
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or its cause) is a failure that a new try may not meet."""
-    if denied(exc):
-        return False
-    for e in _chain(exc):
-        if isinstance(e, FileNotFoundError) or _status(e) == 404:
-            return False
-    for e in _chain(exc):
-        if isinstance(e, ConnectionError | TimeoutError):
-            return True
-        if isinstance(e, OSError) and e.errno in _ERRNOS:
-            return True
-        if any(c.__name__ in _NAMES for c in type(e).__mro__):
-            return True
-        status = _status(e)
-        if status is not None and (status >= 500 or status in (408, 429)):
-            return True
-        if any(marker in str(e) for marker in _MARKERS):
-            return True
-    return False
+    return not denied(exc) and not missing(exc) and any(_trouble(e) for e in _chain(exc))
+
+
+def gave_up(
+    exc: BaseException, url: str, what: str, retries: int, offset: int | None = None
+) -> StorageError:
+    """The :class:`~shardpipes.errors.StorageError` for a transient failure past the retries.
+
+    It quotes the failure itself: the first transient one in the cause chain that says
+    something (fsspec's HTTP backend reports a refused connection as a ``FileNotFoundError``
+    caused by it, a timeout as an empty ``FSTimeoutError``).
+    """
+    troubles = [e for e in _chain(exc) if _trouble(e)] or [exc]
+    cause = next((e for e in troubles if str(e)), troubles[0])  # FSTimeoutError says nothing
+    said = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    problem = f"{what} failed after {retries} retries: {said}"
+    return StorageError(problem, url=url, offset=offset)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from shardpipes._retry import RetryPolicy, denied, transient
-from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError, StorageError
+from shardpipes._retry import RetryPolicy, denied, gave_up, missing, transient
+from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError
 
 __all__ = ["READ_STATS", "ReadStats", "ResilientStream", "raise_permanent"]
 
@@ -97,10 +97,7 @@ class ResilientStream:
             raise_permanent(exc, self.url)
             if not transient(exc):
                 raise
-            problem = (
-                f"{what} failed after {self.retry.retries} retries: {type(exc).__name__}: {exc}"
-            )
-            raise StorageError(problem, url=self.url, offset=self.pos) from exc
+            raise gave_up(exc, self.url, what, self.retry.retries, self.pos) from exc
 
     def _recover(self) -> None:
         READ_STATS.count(retries=1)
@@ -150,7 +147,7 @@ def raise_permanent(exc: BaseException, url: str) -> None:
     """Raise the shardpipes error for a missing file or a refusal; return otherwise."""
     if isinstance(exc, ShardpipesError):
         raise exc
-    if isinstance(exc, FileNotFoundError):
+    if missing(exc):
         msg = "no such file"
         raise ShardNotFoundError(msg, url=url) from exc
     if denied(exc):

@@ -1,14 +1,16 @@
 """The ``shardpipes`` command: write, index, inspect and benchmark shards; recipes; a demo.
 
 Run ``shardpipes --help`` or ``shardpipes COMMAND --help``. Errors print one line,
-``shardpipes: error: <message>``, and exit 2 (bad usage) or 1 (bad data); ``--debug``
-adds the traceback.
+``shardpipes: error: <message>``, and exit 2 (bad usage) or 1 (anything else: bad data, a
+missing shard, refused credentials, an unreachable storage); ``--debug`` adds the
+traceback, and a log line for each retry of a storage call.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -74,7 +76,8 @@ def _option(text: str) -> tuple[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="shardpipes", description="Write, index, inspect and stream tar shards.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks on errors, and each retry")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     so = _Parser(add_help=False)
     so.add_argument("--storage-option", "-o", dest="storage_options", type=_option,
@@ -132,22 +135,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 on success, 1 for bad data, 2 for bad usage, 130 on Ctrl-C.
     """
     debug = False
+    quiet = logging.NullHandler()  # no retry warnings on stderr: the error line says it
+    log = logging.getLogger("shardpipes")
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
         debug = args.debug
+        if not debug:
+            log.addHandler(quiet)
         return int(args.run(args))
     except _UsageError as exc:
         return _fail(exc, 2, debug=False)  # argparse's own traceback would tell nothing
-    except (ShardpipesError, OSError, ValueError, ImportError) as exc:
-        return _fail(exc, 1, debug=debug)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # one line for every error, a backend's own included
+        return _fail(exc, 1, debug=debug)
+    finally:
+        log.removeHandler(quiet)
+
+
+_TORCH_SUFFIX = "\nThis exception is thrown by __iter__ of "
+_OWN = (ShardpipesError, OSError, ValueError, ImportError, _UsageError)  # messages that say it all
 
 
 def _fail(exc: BaseException, status: int, *, debug: bool) -> int:
     if debug:
         traceback.print_exc()
-    message = str(exc) or type(exc).__name__
+    # torch appends the pipe, storage_options (credentials) included: not on the one line
+    message = str(exc).split(_TORCH_SUFFIX)[0] or type(exc).__name__
+    if not isinstance(exc, _OWN):
+        message = f"{type(exc).__name__}: {message}"
     print(f"shardpipes: error: {' '.join(message.split())}", file=sys.stderr)
     return status
 

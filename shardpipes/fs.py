@@ -4,15 +4,25 @@ Every function takes a URL in fsspec's grammar (a local path, ``file://``, ``mem
 ``s3://``, ``gs://``, ``az://``, ``https://``, chained ``simplecache::s3://…``) and the
 ``storage_options`` given by the user, passed through unchanged to the filesystem.
 Errors are translated into ones that name the URL: a missing file is a
-:class:`~shardpipes.errors.ShardNotFoundError`, a missing backend an ``ImportError`` that
-says which extra to install.
+:class:`~shardpipes.errors.ShardNotFoundError`, refused or missing credentials a
+:class:`~shardpipes.errors.StorageAccessError`, a failure that outlasts the retries a
+:class:`~shardpipes.errors.StorageError`, a missing backend an ``ImportError`` that says
+which extra to install.
+
+shardpipes is the only retry layer: on every backend (s3fs and botocore, gcsfs, adlfs and
+azure-core, aiohttp) the backend's own retries are turned down to one attempt, and every
+connection attempt gives up after :data:`CONNECT_TIMEOUT` seconds (a response that stalls,
+after :data:`READ_TIMEOUT` seconds without a byte), unless ``storage_options`` say otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+import types
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, TypeVar
 
 from fsspec.core import url_to_fs as _fsspec_url_to_fs
@@ -21,12 +31,14 @@ from fsspec.registry import get_filesystem_class
 from shardpipes import _fork
 from shardpipes._cache import ShardCache
 from shardpipes._readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
-from shardpipes._retry import RetryPolicy
+from shardpipes._retry import RetryPolicy, gave_up, transient
 from shardpipes._streams import READ_STATS, ReadStats, ResilientStream, raise_permanent
-from shardpipes.errors import ShardNotFoundError, StorageError
+from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageError
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "READ_STATS",
+    "READ_TIMEOUT",
     "ReadStats",
     "RetryPolicy",
     "exists",
@@ -35,6 +47,7 @@ __all__ = [
     "is_remote",
     "listdir",
     "load_backend",
+    "missing_files",
     "open_input",
     "open_output",
     "protocol_of",
@@ -122,7 +135,7 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
             the install command.
         ValueError: The protocol is unknown to fsspec.
     """
-    options = _s3_defaults(url, storage_options)
+    options = backend_options(url, storage_options)
     try:
         fs, path = _fsspec_url_to_fs(url, **options)
     except ImportError as exc:
@@ -132,36 +145,123 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
             msg = f"{url}: unknown protocol {_protocol(url)!r}"
             raise ValueError(msg) from exc
         raise
-    if "s3" in _protocols(fs) and not _user_retries(storage_options):
-        fs.retries = 1  # s3fs's own layer (5 attempts) off: shardpipes retries
+    for layer in _layers(fs):
+        _own_retries_off(layer)
     return fs, str(path)
 
 
-def _user_retries(storage_options: StorageOptions | None) -> bool:
-    config = (storage_options or {}).get("config_kwargs") or {}
-    return "retries" in config
-
-
 S3_BLOCK_SIZE = 16 * 2**20  # measured on loopback: 340-412 MB/s at 55 MB per open file
+CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for a connection to the storage, on every backend (a documented default)."""
+READ_TIMEOUT = 60.0
+"""Seconds to wait for the next byte of a response (not for the whole of it)."""
 
 
-def _s3_defaults(url: str, storage_options: StorageOptions | None) -> dict[str, Any]:
-    """The storage options, with shardpipes' defaults for s3 where the user set none.
+def backend_options(url: str, storage_options: StorageOptions | None) -> dict[str, Any]:
+    """The storage options for ``url``, with shardpipes' defaults where the user set none.
 
-    - botocore's retries off: s3fs retries a call 5 times and botocore each of those 5
-      times (37 s on a persistent 503); shardpipes retries itself, with its own backoff.
-    - 16 MiB blocks (``default_block_size``) instead of s3fs's 50 MiB: as fast or faster
-      on loopback (benchmarks/cloud_read.py) at a third of the memory per open shard.
+    For each backend in ``url`` (the options of an inner link of a chained URL are those
+    under its protocol's name, as fsspec takes them):
+
+    - ``s3://``: botocore's retries off (``config_kwargs={"retries": {"total_max_attempts":
+      1}}``; s3fs retries a call 5 times and botocore each of those 5 times, 37 s on a
+      persistent 503), its ``connect_timeout`` and ``read_timeout``; 16 MiB blocks
+      (``default_block_size``) instead of s3fs's 50 MiB: as fast or faster on loopback
+      (benchmarks/cloud_read.py) at a third of the memory per open shard.
+    - ``gs://``: ``requests_timeout`` (gcsfs sets no timeout at all by default).
+    - ``az://``, ``abfs://``: ``connection_timeout`` and ``read_timeout``.
+    - ``http(s)://``: ``client_kwargs={"timeout": aiohttp.ClientTimeout(...)}`` (aiohttp's
+      default gives a whole response 5 minutes, and a connection 30 s).
+
+    The timeouts are :data:`CONNECT_TIMEOUT` and :data:`READ_TIMEOUT`.
     """
     options = dict(storage_options or {})
-    if "::" in url or _protocol(url) not in ("s3", "s3a"):
-        return options  # chained URLs take options per protocol: left as given
-    if not _user_retries(storage_options):
-        config = dict(options.get("config_kwargs") or {})
-        config["retries"] = {"total_max_attempts": 1}
-        options["config_kwargs"] = config
-    options.setdefault("default_block_size", S3_BLOCK_SIZE)
+    for i, protocol in enumerate(_chain_protocols(url)):
+        if i == 0:  # the outer link takes the top-level options
+            options = _defaults(protocol, options)
+        elif protocol in _EXTRAS:
+            options[protocol] = _defaults(protocol, options.get(protocol) or {})
     return options
+
+
+def _chain_protocols(url: str) -> list[str]:
+    return [bit.split("://", 1)[0] if "://" in bit else bit for bit in url.split("::")]
+
+
+def _defaults(protocol: str, given: StorageOptions) -> dict[str, Any]:
+    options = dict(given)
+    if protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})  # a new dict: botocore edits it
+        config.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        config.setdefault("read_timeout", READ_TIMEOUT)
+        options["config_kwargs"] = config
+        options.setdefault("default_block_size", S3_BLOCK_SIZE)
+    elif protocol in ("az", "abfs", "abfss"):
+        options.setdefault("connection_timeout", CONNECT_TIMEOUT)
+        options.setdefault("read_timeout", READ_TIMEOUT)
+    elif protocol in ("gs", "gcs", "http", "https"):
+        timeout = _client_timeout()
+        if timeout is None:
+            pass  # no aiohttp: fsspec's ImportError follows, made clear by url_to_fs
+        elif protocol.startswith("http"):
+            client = dict(options.get("client_kwargs") or {})
+            client.setdefault("timeout", timeout)
+            options["client_kwargs"] = client
+        else:
+            options.setdefault("requests_timeout", timeout)
+    return options
+
+
+def _client_timeout() -> Any:
+    """The aiohttp timeouts of a request: connecting, and each read; none for the whole."""
+    try:
+        import aiohttp
+    except ImportError:
+        return None
+    return aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+
+
+def _layers(filesystem: Any) -> Iterator[Any]:
+    """``filesystem`` and, for a chained one (``simplecache::s3://…``), the ones it wraps."""
+    seen: set[int] = set()
+    while filesystem is not None and id(filesystem) not in seen:
+        seen.add(id(filesystem))
+        yield filesystem
+        filesystem = getattr(filesystem, "fs", None)
+
+
+def _own_retries_off(filesystem: Any) -> None:
+    """Turn a backend's own retry loop down to one attempt (shardpipes retries instead).
+
+    The options cannot reach these loops: s3fs's attempts are an attribute; gcsfs wraps
+    its requests in a decorator with 6 tries and backoff up to 32 s (logging a traceback
+    for each); adlfs builds its azure-core clients itself, with azure-storage's default
+    policy (3 retries after 15, 18 and 24 s) and a 20 s connection timeout.
+    """
+    protocols = _protocols(filesystem)
+    if "s3" in protocols:
+        retries = (getattr(filesystem, "config_kwargs", None) or {}).get("retries") or {}
+        if retries.get("total_max_attempts") == 1:  # ours (or the user's: one attempt too)
+            filesystem.retries = 1
+    elif "gs" in protocols:
+        request = getattr(type(filesystem)._request, "__wrapped__", None)
+        if request is not None and "_request" not in vars(filesystem):
+            filesystem._request = types.MethodType(request, filesystem)
+    elif "abfs" in protocols:
+        _azure_retries_off(filesystem)
+
+
+def _azure_retries_off(filesystem: Any) -> None:
+    config = getattr(getattr(filesystem, "service_client", None), "_config", None)
+    policy = getattr(config, "retry_policy", None)
+    if policy is not None and hasattr(policy, "total_retries"):
+        policy.total_retries = 0
+    connection = getattr(getattr(config, "transport", None), "connection_config", None)
+    timeouts = getattr(filesystem, "_timeout_kwargs", {})
+    if connection is not None:
+        connection.timeout = timeouts.get("connection_timeout", CONNECT_TIMEOUT)
+        connection.read_timeout = timeouts.get("read_timeout", READ_TIMEOUT)
 
 
 def _display(url: str, fs: Any, path: str) -> str:
@@ -188,7 +288,7 @@ def glob(pattern: str, storage_options: StorageOptions | None = None) -> list[st
         The matching files, sorted, as URLs in the pattern's own style.
     """
     fs, path = url_to_fs(pattern, storage_options)
-    found = _call(pattern, lambda: fs.glob(path, detail=True))
+    found = _call(pattern, lambda: fs.glob(path, detail=True), what="listing")
     files = sorted(p for p, info in found.items() if info.get("type") != "directory")
     return [_display(pattern, fs, p) for p in files]
 
@@ -196,7 +296,7 @@ def glob(pattern: str, storage_options: StorageOptions | None = None) -> list[st
 def exists(url: str, storage_options: StorageOptions | None = None) -> bool:
     """Return whether ``url`` names an existing file or directory."""
     fs, path = url_to_fs(url, storage_options)
-    return bool(_call(url, lambda: fs.exists(path)))
+    return bool(_call(url, lambda: fs.exists(path), what="looking it up"))
 
 
 def size(url: str, storage_options: StorageOptions | None = None) -> int:
@@ -206,7 +306,7 @@ def size(url: str, storage_options: StorageOptions | None = None) -> int:
         ShardNotFoundError: If it does not exist.
     """
     fs, path = url_to_fs(url, storage_options)
-    return int(_call(url, lambda: fs.size(path)))
+    return int(_call(url, lambda: fs.size(path), what="looking it up"))
 
 
 def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tuple[str, bool]]:
@@ -216,7 +316,7 @@ def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tup
         ShardNotFoundError: If the directory does not exist.
     """
     fs, path = url_to_fs(url, storage_options)
-    entries = _call(url, lambda: fs.ls(path, detail=True))
+    entries = _call(url, lambda: fs.ls(path, detail=True), what="listing")
     out = [
         (_display(url, fs, e["name"]), e.get("type") == "directory")
         for e in entries
@@ -240,7 +340,7 @@ def walk(url: str, storage_options: StorageOptions | None = None) -> Iterator[En
         ShardNotFoundError: If ``url`` is not a folder.
     """
     filesystem, path = url_to_fs(url, storage_options)
-    if not _call(url, lambda: filesystem.isdir(path)):
+    if not _call(url, lambda: filesystem.isdir(path), what="looking it up"):
         msg = "no such folder"
         raise ShardNotFoundError(msg, url=url)
     local = "file" in _protocols(filesystem)
@@ -353,8 +453,9 @@ def _http_range(filesystem: Any, url: str, start: int, end: int) -> bytes:
         headers = {**kwargs.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
         async with session.get(filesystem.encode_url(url), headers=headers, **kwargs) as r:
             filesystem._raise_not_found_for_status(r, url)
-            if r.status != 206 and not (start == 0 and r.content_length == end):
-                raise _no_ranges(url)
+            whole = r.content_length
+            if r.status != 206 and not (start == 0 and whole is not None and whole <= end):
+                raise _no_ranges(url)  # a whole file larger than the range: refused unread
             return bytes(await r.read())
 
     return sync(filesystem.loop, get)  # type: ignore[no-any-return]
@@ -406,8 +507,10 @@ def open_input(
     if cache is not None:
         hit = cache.lookup(url)
         if hit is not None:
-            READ_STATS.count(cache_hits=1)
-            return open(hit, "rb")
+            with contextlib.suppress(FileNotFoundError):  # unless evicted since
+                local = open(hit, "rb")  # noqa: SIM115 (the caller closes it)
+                READ_STATS.count(cache_hits=1)
+                return local
     if ahead is None:
         ahead = read_ahead(storage_options, retry, cache)
     return ahead.open(read or Read(url, url, _whole))  # type: ignore[return-value]
@@ -420,13 +523,79 @@ def _whole() -> tuple[tuple[int, int | None], ...]:
 _LOCAL = frozenset({"file", "local", "memory"})
 
 
-def _call(url: str, fn: Callable[[], T]) -> T:
-    """A metadata call (glob, size, listing) with the default retries and clear errors."""
+def _call(url: str, fn: Callable[[], T], retry: RetryPolicy | None = None, *, what: str) -> T:
+    """A metadata call (glob, size, listing) with retries and errors that name ``url``."""
+    policy = retry or RetryPolicy()
     try:
-        return RetryPolicy().call(url, fn)
+        return policy.call(url, fn)
     except Exception as exc:
+        if transient(exc) and not isinstance(exc, ShardpipesError):
+            raise gave_up(exc, url, what, policy.retries) from exc
         raise_permanent(exc, url)
         raise
+
+
+_LISTED = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})  # prefix listings
+_LOOKUPS = 16  # concurrent lookups where files are looked up one by one
+
+
+def missing_files(
+    urls: Iterable[str],
+    storage_options: StorageOptions | None = None,
+    retry: RetryPolicy | None = None,
+) -> list[str]:
+    """Those of ``urls`` that do not exist, in their order.
+
+    On ``s3://``, ``gs://`` and ``az://`` one listing per folder finds them all (of the
+    keys that begin with the names' common prefix); elsewhere (local, ``memory://``,
+    ``http(s)://``, chained URLs) each URL is looked up (``HEAD`` over HTTP), 16 at a time.
+
+    Raises:
+        StorageAccessError: If access is refused.
+        StorageError: If the storage cannot be reached (after the retries).
+    """
+    wanted = list(dict.fromkeys(urls))
+    folders: dict[tuple[Any, str], list[tuple[str, str]]] = defaultdict(list)
+    lookups: list[tuple[str, Any, str]] = []
+    for url in wanted:
+        filesystem, path = url_to_fs(url, storage_options)
+        if "::" not in url and _protocol(url) in _LISTED:
+            folders[filesystem, filesystem._parent(path)].append((url, path))
+        else:
+            lookups.append((url, filesystem, path))
+    absent = {u for (f, folder), e in folders.items() for u in _unlisted(f, folder, e, retry)}
+    with ThreadPoolExecutor(min(_LOOKUPS, len(lookups) or 1)) as pool:
+        gone = pool.map(lambda lookup: _absent(lookup, retry), lookups)
+        absent.update(url for (url, _, _), no in zip(lookups, gone, strict=True) if no)
+    return [url for url in wanted if url in absent]
+
+
+def _unlisted(
+    filesystem: Any, folder: str, entries: list[tuple[str, str]], retry: RetryPolicy | None
+) -> list[str]:
+    """The URLs of ``entries`` (``(url, path)`` in ``folder``) that one listing lacks."""
+    names = [path[len(folder) :].lstrip("/") for _, path in entries]
+    prefix = os.path.commonprefix(names)  # noqa: RUF071 (a key prefix, not a folder)
+    try:
+        found = _call(
+            entries[0][0], lambda: filesystem.find(folder, prefix=prefix), retry, what="listing"
+        )
+    except ShardNotFoundError:
+        found = []  # no such bucket or folder
+    listed = {str(p).rstrip("/") for p in found}
+    return [url for url, path in entries if path.rstrip("/") not in listed]
+
+
+def _absent(lookup: tuple[str, Any, str], retry: RetryPolicy | None) -> bool:
+    url, filesystem, path = lookup
+    if "http" in _protocols(filesystem):  # one GET (info tries HEAD, then GET: 2 timeouts)
+        found = lambda: filesystem.exists(path, strict=True)  # noqa: E731 (strict: errors raise)
+    else:
+        found = lambda: filesystem.info(path)  # noqa: E731
+    try:
+        return not _call(url, found, retry, what="looking it up")
+    except ShardNotFoundError:
+        return True
 
 
 def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:

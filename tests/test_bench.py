@@ -161,7 +161,9 @@ class TestErrors:
         missing = data.urls[0].replace("000000", "000002")
         status, out, err = _run(capsys, "bench", pattern, "--workers", workers)
         assert (status, out) == (1, "")
-        assert err.splitlines() == [f"shardpipes: error: {missing}: no such file"]
+        assert err.splitlines() == [
+            f"shardpipes: error: {missing}: no such file (1 of 3 shards missing)"
+        ]
 
     def test_a_mix_of_fields_batches_what_they_share(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path

@@ -308,6 +308,12 @@ class TestErrors:
             (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
             ([], 2, "the following arguments are required: COMMAND"),
             (["demo", "--workers", "-1"], 2, "must be a non-negative integer"),
+            # a backend's own error: its type, and not the pipe's options (credentials)
+            (
+                ["inspect", "s3://bucket-sp/x.tar", "-o", "secret=xyz", "-o", "bogus=1"],
+                1,
+                "TypeError: AioSession.__init__() got an unexpected keyword argument 'bogus'",
+            ),
         ],
     )
     def test_one_line_no_traceback(
@@ -325,7 +331,7 @@ class TestErrors:
         assert len(err.splitlines()) == 1
         assert err.startswith("shardpipes: error: ")
         assert message.replace("{tmp}", str(tmp_path)) in err
-        assert "Traceback" not in err
+        assert "Traceback" not in err and "xyz" not in err
 
     def test_debug_shows_traceback(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path

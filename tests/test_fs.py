@@ -6,10 +6,12 @@ import errno
 import logging
 
 import pytest
+from botocore.exceptions import NoCredentialsError
 
 from shardpipes import fs
 from shardpipes._cache import cache_bytes
-from shardpipes._retry import RetryPolicy, denied, transient
+from shardpipes._retry import RetryPolicy, denied, gave_up, missing, transient
+from shardpipes.errors import StorageError
 
 
 class StatusError(Exception):
@@ -41,6 +43,11 @@ def caused(outer: Exception, cause: Exception) -> Exception:
         (StatusError(404), False),
         (caused(OSError(errno.EBUSY, "busy"), PermissionError()), False),  # a refusal wins
         (ValueError("a bug"), False),
+        # fsspec's HTTP backend: "not found" for a server it could not reach, or that failed
+        (caused(FileNotFoundError("http://h/x"), ConnectionRefusedError()), True),
+        (caused(FileNotFoundError("http://h/x"), StatusError(503)), True),
+        (caused(FileNotFoundError("http://h/x"), StatusError(404)), False),
+        (NoCredentialsError(), False),
     ],
 )
 def test_transient_or_not(exc: Exception, expected: bool) -> None:
@@ -50,6 +57,70 @@ def test_transient_or_not(exc: Exception, expected: bool) -> None:
 def test_refusals() -> None:
     assert denied(PermissionError()) and denied(StatusError(401)) and denied(StatusError(403))
     assert not denied(StatusError(500)) and not denied(FileNotFoundError())
+    assert denied(NoCredentialsError()) and denied(caused(ValueError(), NoCredentialsError()))
+
+
+def test_missing_is_a_file_not_there_not_a_server_not_reached() -> None:
+    assert missing(FileNotFoundError("s3://b/k")) and missing(StatusError(404))
+    assert not missing(caused(FileNotFoundError("http://h/x"), ConnectionRefusedError()))
+    assert not missing(PermissionError()) and not missing(TimeoutError())
+
+
+def test_gave_up_quotes_the_failure_in_the_chain() -> None:
+    """The error after the retries names the URL and the failure that said something."""
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+    error = gave_up(caused(FileNotFoundError("http://h/x"), refused), "http://h/x", "listing", 5)
+    assert isinstance(error, StorageError) and error.url == "http://h/x"
+    assert str(error) == (
+        "http://h/x: listing failed after 5 retries: "
+        "ConnectionRefusedError: [Errno 111] Connect call failed"
+    )
+    assert (
+        str(gave_up(TimeoutError(), "u", "open", 0))
+        == "u: open failed after 0 retries: TimeoutError"
+    )
+
+
+class TestBackendOptions:
+    def test_defaults_where_the_user_set_none(self) -> None:
+        """Every backend gets its retries off and the connect timeout, unless already set."""
+        s3 = fs.backend_options("s3://b/k", {"key": "k"})
+        assert s3["key"] == "k" and s3["default_block_size"] == fs.S3_BLOCK_SIZE
+        assert s3["config_kwargs"] == {
+            "retries": {"total_max_attempts": 1},
+            "connect_timeout": fs.CONNECT_TIMEOUT,
+            "read_timeout": fs.READ_TIMEOUT,
+        }
+        assert fs.backend_options("gs://b/k", {})["requests_timeout"].sock_connect == 10
+        az = fs.backend_options("az://c/k", {})
+        assert (az["connection_timeout"], az["read_timeout"]) == (10, 60)
+        timeout = fs.backend_options("https://h/k", {})["client_kwargs"]["timeout"]
+        assert (timeout.total, timeout.sock_connect, timeout.sock_read) == (None, 10, 60)
+        assert fs.backend_options("data/x.tar", {"a": 1}) == {"a": 1}
+
+    def test_the_users_own_settings_win(self) -> None:
+        given = {"config_kwargs": {"retries": {"max_attempts": 3}, "connect_timeout": 2}}
+        config = fs.backend_options("s3://b/k", given)["config_kwargs"]
+        assert config["retries"] == {"max_attempts": 3} and config["connect_timeout"] == 2
+        assert fs.backend_options("gs://b/k", {"requests_timeout": 5})["requests_timeout"] == 5
+        http = fs.backend_options("http://h/k", {"client_kwargs": {"timeout": 7, "x": 1}})
+        assert http["client_kwargs"] == {"timeout": 7, "x": 1}
+
+    def test_chained_urls_take_them_per_protocol(self) -> None:
+        """``simplecache::s3://``: the s3 defaults go under "s3", beside the user's own."""
+        options = fs.backend_options("simplecache::s3://b/k", {"s3": {"key": "k"}, "x": 1})
+        assert options["x"] == 1 and options["s3"]["key"] == "k"
+        assert options["s3"]["config_kwargs"]["connect_timeout"] == fs.CONNECT_TIMEOUT
+        assert "config_kwargs" not in options  # not for the cache layer
+
+
+def test_s3fs_retries_off_unless_the_user_set_botocores() -> None:
+    """s3fs's own attempts go down to 1 with botocore's; the user's setting keeps both."""
+    ours, _ = fs.url_to_fs("s3://b/k", {"anon": True, "skip_instance_cache": True})
+    assert ours.retries == 1
+    config = {"retries": {"max_attempts": 3}}
+    theirs, _ = fs.url_to_fs("s3://b/k", {"anon": True, "config_kwargs": config})
+    assert theirs.retries == 5
 
 
 def test_retry_policy_retries_transient_failures_only(caplog: pytest.LogCaptureFixture) -> None:

@@ -17,7 +17,7 @@ URLS = [f"memory://gaps/train-{i:03d}.tar" for i in range(24)]
 
 def shard_order(seed: int, how: str, workers: int) -> list[str]:
     """The shard URLs a fresh ``split_shards(shuffle=True)`` pipe gives under a DataLoader."""
-    pipe = sp.list_shards(URLS).split_shards(shuffle=True)
+    pipe = sp.list_shards(URLS, check_exists=False).split_shards(shuffle=True)
     kwargs: dict[str, Any] = {}
     if how == "generator":
         kwargs["generator"] = torch.Generator().manual_seed(seed)

@@ -16,7 +16,8 @@ from shardpipes import fs
 from shardpipes._core.braces import expand_braces
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.split import ShardPart, global_worker, split_plan
-from shardpipes.errors import NoShardsError
+from shardpipes._retry import RetryPolicy
+from shardpipes.errors import NoShardsError, ShardNotFoundError
 from shardpipes.pipes.index import Ranges, sample_count
 
 __all__ = [
@@ -37,13 +38,25 @@ class ShardLister(IterDataPipe[str]):
     through fsspec (``**`` recurses). The given order is kept; the files of one glob are
     sorted. URLs are resolved when iterated (in the worker), not at construction.
 
+    Every URL is checked to exist before the first one is yielded, so a missing shard
+    fails the epoch at its start, not when a worker reaches it: a glob's files exist; the
+    others are found with one listing per folder on ``s3://``, ``gs://`` and ``az://``, one
+    lookup each elsewhere (see :func:`shardpipes.fs.missing_files`).
+
     Args:
         urls: One pattern or a list of patterns: local paths, ``file://``, ``memory://``,
             ``s3://``… any fsspec URL.
         storage_options: Passed unchanged to the fsspec filesystem (credentials, endpoint).
+        check_exists: Check that the shards exist before yielding any (one listing per
+            folder); ``False`` leaves a missing one to fail when it is opened.
+        retries: Tries again after a transient failure of a listing or lookup.
 
     Raises:
         NoShardsError: When iterated, if a glob matches no file; the message quotes it.
+        ShardNotFoundError: When iterated, if a shard does not exist; the message names
+            the first missing one and counts them.
+        StorageError: When iterated, if the storage cannot be reached (after the retries).
+        StorageAccessError: When iterated, if the storage refuses the credentials.
 
     Example:
         >>> import fsspec
@@ -57,7 +70,12 @@ class ShardLister(IterDataPipe[str]):
     """
 
     def __init__(
-        self, urls: str | Sequence[str], *, storage_options: Mapping[str, Any] | None = None
+        self,
+        urls: str | Sequence[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        check_exists: bool = True,
+        retries: int = RetryPolicy.retries,
     ) -> None:
         super().__init__()
         patterns = [urls] if isinstance(urls, str) else urls
@@ -75,20 +93,37 @@ class ShardLister(IterDataPipe[str]):
             fs.load_backend(protocol, next(p for p in patterns if fs.protocol_of(p) == protocol))
         self.urls = list(patterns)
         self.storage_options = dict(storage_options or {})
+        self.check_exists = bool(check_exists)
+        self.retries = RetryPolicy(retries).retries  # validated
 
     def __iter__(self) -> Iterator[str]:
+        urls, named = [], []  # named: not from a glob, so not known to exist
         for pattern in self.urls:
             for url in expand_braces(pattern):
-                yield from self._resolve(url)
+                found = self._glob(url) if fs.has_magic(url) else [url]
+                urls += found
+                named += [] if fs.has_magic(url) else found
+        if self.check_exists and named:
+            self._check(named, len(urls))
+        yield from urls
 
-    def _resolve(self, url: str) -> list[str]:
-        if not fs.has_magic(url):
-            return [url]
+    def _glob(self, url: str) -> list[str]:
         found = fs.glob(url, self.storage_options)
         if not found:
             msg = "no shard matches the pattern"
             raise NoShardsError(msg, url=url)
         return found
+
+    def _check(self, urls: list[str], total: int) -> None:
+        absent = fs.missing_files(urls, self.storage_options, RetryPolicy(self.retries))
+        if not absent:
+            return
+        msg = "no such file"
+        if total > 1:
+            shown = ", ".join(absent[:3]) + (", …" if len(absent) > 3 else "")
+            msg += f" ({len(absent)} of {total} shards missing"
+            msg += f": {shown})" if len(absent) > 1 else ")"
+        raise ShardNotFoundError(msg, url=absent[0])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes.pipes.reader import ReadOptions, check_options
-from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from shardpipes.pipes.shards import ShardSplitter
 from shardpipes.pipes.stream import ShardStream
-from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS
+from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS, lister
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -34,6 +34,7 @@ def tar_shards(
     drop_last: bool = False,
     threads: int = 0,
     fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
+    check_exists: bool = True,
     **options: Unpack[ReadOptions],
 ) -> IterDataPipe[Any]:
     """Stream (image, label) pairs from many tar shards: the notebook's one-tar-per-worker loader.
@@ -79,6 +80,8 @@ def tar_shards(
         fields: The fields of each sample, in order, each maybe with ``;``-separated
             alternatives; the default is (image, label). ``("bin", "cls")`` reads other
             data; only the named fields are decoded.
+        check_exists: Check that every shard exists when an epoch starts, before reading
+            any (one listing per folder; see :class:`~shardpipes.ShardLister`).
         **options: The reading options (:class:`~shardpipes.ReadOptions`):
             ``storage_options`` (passed to the fsspec filesystem); ``handler``, what every
             stage does with a bad member, sample or shard (``"raise"``, ``"warn"`` to skip
@@ -105,7 +108,7 @@ def tar_shards(
         raise TypeError(msg)
     storage_options = options.get("storage_options")
     shards = ShardSplitter(
-        ShardLister(urls, storage_options=storage_options),
+        lister(urls, options, check_exists=check_exists),
         shuffle=shuffle, seed=seed, even=even, storage_options=storage_options,
     )  # fmt: skip
     if epoch != 0:  # set_epoch: a loaded state must then be of that epoch

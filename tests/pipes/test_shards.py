@@ -21,9 +21,10 @@ class TestShardLister:
     def test_braces_keep_order_and_padding(
         self, make_shards: Callable[..., Dataset], tmp_path: Path
     ) -> None:
-        """Brace patterns expand in order with zero padding, without touching storage."""
+        """Brace patterns expand in order with zero padding (unchecked: without storage)."""
         pattern = str(tmp_path / "x-{000008..000010}.tar")
-        assert list(ShardLister(pattern)) == [str(tmp_path / f"x-{i:06d}.tar") for i in (8, 9, 10)]
+        expected = [str(tmp_path / f"x-{i:06d}.tar") for i in (8, 9, 10)]
+        assert list(ShardLister(pattern, check_exists=False)) == expected
 
     def test_glob_sorted_and_given_order_kept(
         self, make_shards: Callable[..., Dataset], tmp_path: Path
@@ -56,6 +57,24 @@ class TestShardLister:
         pattern = str(tmp_path / "nothing-*.tar")
         with pytest.raises(NoShardsError, match=re.escape(f"{pattern}: no shard matches")):
             list(ShardLister(pattern))
+
+    def test_missing_shards_found_before_the_first(self, memfs: fsspec.AbstractFileSystem) -> None:
+        """Listed shards are checked first: nothing is yielded if one is missing."""
+        memfs.pipe("/m/t-0.tar", b"")
+        memfs.pipe("/m/t-2.tar", b"")
+        lister = ShardLister(["memory://m/t-*.tar", "memory://m/t-{0..3}.tar"])
+        with pytest.raises(sp.ShardNotFoundError) as info:
+            next(iter(lister))
+        assert str(info.value) == (
+            "memory://m/t-1.tar: no such file (2 of 6 shards missing: "
+            "memory://m/t-1.tar, memory://m/t-3.tar)"
+        )
+        unchecked = ShardLister("memory://m/t-{0..3}.tar", check_exists=False)
+        assert len(unchecked) == 4
+        with pytest.raises(sp.ShardNotFoundError, match=r"^memory://m/t-9\.tar: no such file$"):
+            list(ShardLister("memory://m/t-9.tar"))
+        with pytest.raises(ValueError, match="retries must be a non-negative int"):
+            ShardLister("memory://m/t-0.tar", retries=-1)
 
     @pytest.mark.parametrize("urls", [[], 3, [b"x"]])
     def test_bad_urls(self, urls: object) -> None:
