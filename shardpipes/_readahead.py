@@ -126,6 +126,7 @@ class ReadAhead:
     Args:
         resolve: ``resolve(url) -> (filesystem, path)``.
         fetch: ``fetch(filesystem, url, path, start, end) -> bytes``, one ranged GET.
+        size: ``size(filesystem, path) -> int``, the file's size in one request.
         retry: The retry policy of every request.
         cache: A local shard cache to fill and read from, or ``None``.
         budget: Bytes fetched ahead at most (see the module docs); 0 reads block by block,
@@ -137,13 +138,15 @@ class ReadAhead:
         self,
         resolve: Callable[[str], tuple[Any, str]],
         fetch: Callable[[Any, str, str, int, int], bytes],
+        size: Callable[[Any, str], int],
         retry: RetryPolicy,
         cache: ShardCache | None,
         *,
         budget: int = READAHEAD,
         concurrency: int = IO_CONCURRENCY,
     ) -> None:
-        self.resolve, self._fetch, self.retry, self.cache = resolve, fetch, retry, cache
+        self.resolve, self._fetch, self._size = resolve, fetch, size
+        self.retry, self.cache = retry, cache
         self.budget, self.concurrency = budget, concurrency
         self.block = min(MAX_BLOCK, max(MIN_BLOCK, budget // (2 * concurrency)))
         self._lock = threading.Lock()
@@ -296,7 +299,7 @@ class ReadAhead:
                 self._pump()  # the first block goes out before the size is known
             if source.needs_size(self.cache is not None) and not source.chained:
                 filesystem, path = self.resolve(source.read.url)
-                size = self._call(source.read.url, 0, lambda: int(filesystem.size(path)), "open")
+                size = self._call(source.read.url, 0, lambda: self._size(filesystem, path), "open")
                 with self._lock:
                     source.size = size if source.size is None else min(size, source.size)
         except BaseException as exc:
@@ -487,7 +490,9 @@ class _Stream:
         if source.size is None:
             url = source.read.url
             filesystem, path = self._ahead.resolve(url)
-            source.size = self._ahead._call(url, 0, lambda: int(filesystem.size(path)), "open")
+            source.size = self._ahead._call(
+                url, 0, lambda: self._ahead._size(filesystem, path), "open"
+            )
         return source.size
 
     def tell(self) -> int:

@@ -424,7 +424,7 @@ def read_ahead(
         )
 
     return ReadAhead(
-        resolve, fetch_range, retry or RetryPolicy(), cache,
+        resolve, fetch_range, file_size, retry or RetryPolicy(), cache,
         budget=readahead, concurrency=io_concurrency,
     )  # fmt: skip
 
@@ -441,6 +441,33 @@ def fetch_range(filesystem: Any, url: str, path: str, start: int, end: int) -> b
     if len(data) > end - start:
         raise _no_ranges(url)
     return bytes(data)
+
+
+def file_size(filesystem: Any, path: str) -> int:
+    """The size of a file in bytes, in one request.
+
+    Over HTTP one ``HEAD`` (fsspec's ``size`` follows a failed one with a ``GET``, which
+    doubles the wait for an unreachable server), its ``size`` where the answer has no
+    length.
+    """
+    if "http" in _protocols(filesystem):
+        from fsspec.asyn import sync
+
+        async def head() -> int | None:
+            session = await filesystem.set_session()
+            kwargs = filesystem.kwargs.copy()
+            headers = {**kwargs.pop("headers", {}), "Accept-Encoding": "identity"}
+            async with session.head(
+                filesystem.encode_url(path), headers=headers, allow_redirects=True, **kwargs
+            ) as r:
+                filesystem._raise_not_found_for_status(r, path)
+                length: int | None = r.content_length
+                return length
+
+        length = sync(filesystem.loop, head)
+        if isinstance(length, int):
+            return length
+    return int(filesystem.size(path))
 
 
 def _http_range(filesystem: Any, url: str, start: int, end: int) -> bytes:

@@ -23,8 +23,9 @@ from shardpipes._core.run import EpochRun, Shuffling
 from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
 from shardpipes._core.steps import InFlight
+from shardpipes.errors import ShardNotFoundError
 from shardpipes.pipes.reader import ShardReader
-from shardpipes.pipes.shards import splitters, worker_placement
+from shardpipes.pipes.shards import ShardLister, splitters, worker_placement
 
 __all__ = [
     "VERSION",
@@ -90,9 +91,8 @@ def buffer_seed(source: IterDataPipe[Any], fixed: int | None, shared: int | None
     return int.from_bytes(digest[:8], "little")
 
 
-def _check_split(source: IterDataPipe[Any], workers: int) -> None:
-    """Raise if nothing upstream splits the shards between the DataLoader's workers."""
-    stages = get_all_graph_pipes(traverse_dps(source))
+def _check_split(stages: list[Any], workers: int) -> None:
+    """Raise if no stage (of those upstream) splits the shards between the workers."""
     if not any(isinstance(s, ShardingFilterIterDataPipe) for s in stages):
         msg = (
             f"the shards are read in {workers} DataLoader workers, but nothing splits them "
@@ -150,6 +150,7 @@ class ShardReading:
         self.flight = InFlight()  # decode threads' samples in flight, for the state
         self._loaded: dict[str, Any] | None = None
         self._at_start: dict[str, Any] | None = None
+        self._listers: list[ShardLister] = []
 
     def begin(self, shuffling: Shuffling = (0, 0)) -> Iterator[Located]:
         """Start an epoch (from a loaded state, if any): its samples, as ``Located``.
@@ -162,8 +163,12 @@ class ShardReading:
         self.flight = InFlight()
         self._at_start = loaded or self._fresh()
         info = get_worker_info()
+        stages = get_all_graph_pipes(traverse_dps(self.source))
         if info is not None and info.num_workers > 1:
-            _check_split(self.source, info.num_workers)
+            _check_split(stages, info.num_workers)
+        self._listers = [stage for stage in stages if isinstance(stage, ShardLister)]
+        for lister in self._listers:
+            lister.defer_check()  # checked while the first shard is fetched
         self.reader.policy.begin(*((info.id, info.num_workers) if info is not None else (0, 1)))
         return self._located((loaded or {}).get("position"), shuffling)
 
@@ -176,9 +181,22 @@ class ShardReading:
             self.reader, parts, buffer_size=size, seed=seed, position=position, flight=self.flight
         )
         self.run = run
-        yield from run.located()
+        located = run.located()
+        try:
+            first = next(located, None)
+        except ShardNotFoundError:
+            self._checked()  # the check's error names and counts every missing shard
+            raise
+        self._checked()  # every shard exists, before the epoch's first sample
+        if first is not None:
+            yield first
+            yield from located
         run.done = True
         self.reader.policy.end()
+
+    def _checked(self) -> None:
+        for lister in self._listers:
+            lister.checked()
 
     def pending(self) -> bool:
         """Whether a loaded state waits for an epoch to begin."""

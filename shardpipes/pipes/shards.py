@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -38,10 +41,12 @@ class ShardLister(IterDataPipe[str]):
     through fsspec (``**`` recurses). The given order is kept; the files of one glob are
     sorted. URLs are resolved when iterated (in the worker), not at construction.
 
-    Every URL is checked to exist before the first one is yielded, so a missing shard
-    fails the epoch at its start, not when a worker reaches it: a glob's files exist; the
-    others are found with one listing per folder on ``s3://``, ``gs://`` and ``az://``, one
-    lookup each elsewhere (see :func:`shardpipes.fs.missing_files`).
+    Every URL is checked to exist, so a missing shard fails the epoch at its start, not
+    when a worker reaches it: a glob's files exist; the others are found with one listing
+    per folder on ``s3://``, ``gs://`` and ``az://``, one lookup each elsewhere (see
+    :func:`shardpipes.fs.missing_files`). Iterated alone, the lister checks before it
+    yields the first URL; under a reading stage (``open_tar``, the recipes) the check runs
+    while the first shards are fetched, and its error comes before the first sample.
 
     Args:
         urls: One pattern or a list of patterns: local paths, ``file://``, ``memory://``,
@@ -95,6 +100,22 @@ class ShardLister(IterDataPipe[str]):
         self.storage_options = dict(storage_options or {})
         self.check_exists = bool(check_exists)
         self.retries = RetryPolicy(retries).retries  # validated
+        self._defer = False  # check in the background; the reading stage waits (checked())
+        self._checking: Future[None] | None = None
+
+    def defer_check(self) -> None:
+        """Let the next iteration check in the background, while the first shard is read.
+
+        The reading stage downstream (``open_tar``, ``ShardStream``) calls this as an epoch
+        begins, and :meth:`checked` before it yields the epoch's first sample.
+        """
+        self._defer = True
+
+    def checked(self) -> None:
+        """Wait for a check begun in the background; raise what it found."""
+        checking, self._checking = self._checking, None
+        if checking is not None:
+            checking.result()
 
     def __iter__(self) -> Iterator[str]:
         urls, named = [], []  # named: not from a glob, so not known to exist
@@ -103,7 +124,10 @@ class ShardLister(IterDataPipe[str]):
                 found = self._glob(url) if fs.has_magic(url) else [url]
                 urls += found
                 named += [] if fs.has_magic(url) else found
-        if self.check_exists and named:
+        defer, self._defer = self._defer, False
+        if self.check_exists and named and defer:
+            self._checking = _in_thread(functools.partial(self._check, named, len(urls)))
+        elif self.check_exists and named:
             self._check(named, len(urls))
         yield from urls
 
@@ -127,6 +151,22 @@ class ShardLister(IterDataPipe[str]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def _in_thread(fn: Callable[[], None]) -> Future[None]:
+    """Run ``fn`` in a daemon thread; its future."""
+    future: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to whoever waits
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, daemon=True, name="shardpipes-check").start()
+    return future
 
 
 @functional_datapipe("split_shards")
@@ -262,7 +302,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         return self._plan(self.epoch, pinned=None)
 
     def _plan(self, epoch: int, pinned: Mapping[str, Any] | None) -> list[ShardPart]:
-        urls = list(self.source_datapipe)
+        # iter(): list() would ask the lister's len() first, listing (and checking) twice
+        urls = list(iter(self.source_datapipe))
         total, worker = self.placement()
         seed = self.order_seed()
         used = {
