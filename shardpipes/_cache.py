@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from shardpipes._core.writer import parse_size
+from shardpipes._core.writer import size_option
 
 __all__ = ["ShardCache", "cache_bytes"]
 
@@ -44,14 +44,7 @@ def cache_bytes(size: int | str) -> int:
         >>> cache_bytes("20GB"), cache_bytes(4096)
         (20000000000, 4096)
     """
-    if isinstance(size, bool) or not isinstance(size, int | str):
-        msg = f"cache_size must be bytes or a text such as '20GB' (got {size!r})"
-        raise TypeError(msg)
-    value = parse_size(size) if isinstance(size, str) else size
-    if value < 1:
-        msg = f"cache_size must be at least 1 byte (got {size!r})"
-        raise ValueError(msg)
-    return value
+    return size_option("cache_size", size, 1, "20GB")
 
 
 class ShardCache:

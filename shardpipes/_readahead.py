@@ -44,7 +44,7 @@ from typing import Any
 
 from shardpipes._cache import ShardCache
 from shardpipes._retry import RetryPolicy, gave_up, transient
-from shardpipes._streams import READ_STATS, ResilientStream, raise_permanent
+from shardpipes._streams import READ_STATS, ReadOnly, ResilientStream, raise_permanent
 
 __all__ = [
     "FIRST_BLOCK",
@@ -414,7 +414,7 @@ def _serve(tasks: queue.SimpleQueue[Task]) -> None:
         tasks.get()()
 
 
-class _Stream:
+class _Stream(ReadOnly):
     """A seekable, read-only stream over one planned read (see :meth:`ReadAhead.open`)."""
 
     def __init__(self, ahead: ReadAhead, source: _Source) -> None:
@@ -495,15 +495,6 @@ class _Stream:
             )
         return source.size
 
-    def tell(self) -> int:
-        return self.pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
     def close(self) -> None:
         ahead = self._ahead
         with ahead._lock:
@@ -511,12 +502,6 @@ class _Stream:
             with contextlib.suppress(ValueError):
                 ahead._sources.remove(self._source)
             ahead._pump()
-
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _next_offset(source: _Source) -> int | None:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from shardpipes._retry import RetryPolicy, denied, gave_up, missing, transient
 from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError
 
-__all__ = ["READ_STATS", "ReadStats", "ResilientStream", "raise_permanent"]
+__all__ = ["READ_STATS", "ReadOnly", "ReadStats", "ResilientStream", "raise_permanent"]
 
 T = TypeVar("T")
 
@@ -61,7 +61,31 @@ class ReadStats:
 READ_STATS = ReadStats()
 
 
-class ResilientStream:
+class ReadOnly:
+    """What the read streams share: a position, and the file protocol's answers."""
+
+    pos = 0
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Release what the stream holds."""
+
+    def __enter__(self) -> ReadOnly:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ResilientStream(ReadOnly):
     """A read stream over an fsspec file that reopens at its offset after a transient failure."""
 
     def __init__(self, url: str, filesystem: Any, path: str, retry: RetryPolicy) -> None:
@@ -124,23 +148,8 @@ class ResilientStream:
         self.pos = int(target)
         return self.pos
 
-    def tell(self) -> int:
-        return self.pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
     def close(self) -> None:
         self._discard()
-
-    def __enter__(self) -> ResilientStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def raise_permanent(exc: BaseException, url: str) -> None:

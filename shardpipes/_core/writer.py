@@ -66,6 +66,23 @@ def check_pattern(pattern: str) -> str:
     return pattern
 
 
+def size_option(name: str, size: int | str, minimum: int, example: str) -> int:
+    """An option given in bytes: an int, or a text such as ``example`` (see :func:`parse_size`).
+
+    Raises:
+        TypeError: If it is neither.
+        ValueError: If it is below ``minimum`` or the text is no size.
+    """
+    if isinstance(size, bool) or not isinstance(size, int | str):
+        msg = f"{name} must be bytes or a text such as {example!r} (got {size!r})"
+        raise TypeError(msg)
+    value = parse_size(size) if isinstance(size, str) else size
+    if value < minimum:
+        msg = f"{name} must be at least {minimum} byte{'' if minimum == 1 else 's'} (got {size!r})"
+        raise ValueError(msg)
+    return value
+
+
 def parse_size(text: str) -> int:
     """Parse a size such as ``256MB``, ``1GiB``, ``500k`` or ``4096`` into bytes.
 

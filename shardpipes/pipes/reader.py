@@ -13,7 +13,7 @@ from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import MAX_MEMBER_BYTES, Member, iter_members
-from shardpipes._core.writer import parse_size
+from shardpipes._core.writer import size_option
 from shardpipes._readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
 from shardpipes._readahead import Ranges as ReadRanges
 from shardpipes._retry import RetryPolicy
@@ -120,7 +120,7 @@ class ShardReader:
             raise TypeError(msg)
         self.index = index
         self._indexes: dict[str, Ranges | None] = {}
-        self.readahead = _readahead_bytes(readahead)
+        self.readahead = size_option("readahead", readahead, 0, "64MiB")
         if isinstance(io_concurrency, bool) or not isinstance(io_concurrency, int):
             msg = f"io_concurrency must be an int of at least 1 (got {io_concurrency!r})"
             raise TypeError(msg)
@@ -294,17 +294,6 @@ class ShardReader:
                     ranges = None  # compressed: fall back to streaming the part
             self._indexes[url] = ranges
         return self._indexes[url]
-
-
-def _readahead_bytes(size: int | str) -> int:
-    if isinstance(size, bool) or not isinstance(size, int | str):
-        msg = f"readahead must be bytes or a text such as '64MiB' (got {size!r})"
-        raise TypeError(msg)
-    value = parse_size(size) if isinstance(size, str) else size
-    if value < 0:
-        msg = f"readahead must be at least 0 bytes (got {size!r})"
-        raise ValueError(msg)
-    return value
 
 
 def _cache(directory: str | None, size: int | str | None) -> ShardCache | None:
