@@ -27,6 +27,7 @@ from typing import IO, Any, TypeVar
 
 from fsspec.core import url_to_fs as _fsspec_url_to_fs
 from fsspec.registry import get_filesystem_class
+from fsspec.utils import tokenize
 
 from shardpipes import _fork
 from shardpipes._cache import ShardCache
@@ -136,6 +137,10 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
         ValueError: The protocol is unknown to fsspec.
     """
     options = backend_options(url, storage_options)
+    key = (os.getpid(), _protocol(url), tokenize(options)) if "::" not in url else None
+    made = _MADE.get(key) if key is not None else None
+    if made is not None:
+        return made, str(made._strip_protocol(url))
     try:
         fs, path = _fsspec_url_to_fs(url, **options)
     except ImportError as exc:
@@ -147,7 +152,15 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
         raise
     for layer in _layers(fs):
         _own_retries_off(layer)
+    if key is not None:
+        _MADE[key] = fs
     return fs, str(path)
+
+
+# One filesystem per process, protocol and options, even with skip_instance_cache (which
+# would make one per shard, each with a session to set up: 0.2 s of CPU for s3fs): the
+# listing, the existence check and the reads share it. Per process: fsspec's I/O loop is.
+_MADE: dict[tuple[int, str, str], Any] = {}
 
 
 S3_BLOCK_SIZE = 16 * 2**20  # measured on loopback: 340-412 MB/s at 55 MB per open file
@@ -406,22 +419,9 @@ def read_ahead(
         io_concurrency: Ranged requests in flight at once.
     """
     options = dict(storage_options or {})
-    found: dict[tuple[int, str], Any] = {}
 
     def resolve(url: str) -> tuple[Any, str]:
-        # one filesystem per protocol (a chained URL: per URL), made once in each process
-        # (fsspec's loop is per process); skip_instance_cache would make one per shard,
-        # each with a session to set up: 0.2 s of CPU for s3fs
-        chained = "::" in url
-        key = (os.getpid(), url if chained else _protocol(url))
-        if key not in found:
-            filesystem, path = url_to_fs(url, options)
-            found[key] = filesystem
-            return filesystem, path
-        filesystem = found[key]
-        return filesystem, url_to_fs(url, options)[1] if chained else filesystem._strip_protocol(
-            url
-        )
+        return url_to_fs(url, options)
 
     return ReadAhead(
         resolve, fetch_range, file_size, retry or RetryPolicy(), cache,
