@@ -319,8 +319,11 @@ class ReadAhead:
             stream = ResilientStream(url, *self.resolve(url), self.retry)
         except BaseException as exc:
             source.opened.set_exception(exc)
-        else:
-            source.opened.set_result(stream)
+            return
+        source.opened.set_result(stream)
+        with self._lock:
+            if source.closed:  # dropped while it was being opened
+                stream.close()
 
     def _get(self, source: _Source, block: _Block) -> None:
         try:
