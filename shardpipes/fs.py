@@ -179,8 +179,8 @@ def backend_options(url: str, storage_options: StorageOptions | None) -> dict[st
     - ``s3://``: botocore's retries off (``config_kwargs={"retries": {"total_max_attempts":
       1}}``; s3fs retries a call 5 times and botocore each of those 5 times, 37 s on a
       persistent 503), its ``connect_timeout`` and ``read_timeout``; 16 MiB blocks
-      (``default_block_size``) instead of s3fs's 50 MiB: as fast or faster on loopback
-      (benchmarks/cloud_read.py) at a third of the memory per open shard.
+      (``default_block_size``) instead of s3fs's 50 MiB for files s3fs opens itself (a
+      chained URL's; shards are otherwise read in ranges by :mod:`shardpipes._readahead`).
     - ``gs://``: ``requests_timeout`` (gcsfs sets no timeout at all by default).
     - ``az://``, ``abfs://``: ``connection_timeout`` and ``read_timeout``.
     - ``http(s)://``: ``client_kwargs={"timeout": aiohttp.ClientTimeout(...)}`` (aiohttp's
