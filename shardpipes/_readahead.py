@@ -102,6 +102,9 @@ class _Source:
         self.read = read
         self.ranges: list[tuple[int, int | None]] | None = None  # None: not located yet
         self.size: int | None = None  # the file's size, where needed and known
+        self.sizing = False  # its size asked for
+        self.sized: Future[None] = Future()  # done when its size is known, or cannot be
+        self.size_error: Exception | None = None  # why it could not be found
         self.ready: Future[None] = Future()  # located (and sized, where needed)
         self.started = False
         self.blocks: deque[_Block] = deque()
@@ -298,10 +301,12 @@ class ReadAhead:
                 source.ranges = ranges
                 self._pump()  # the first block goes out before the size is known
             if source.needs_size(self.cache is not None) and not source.chained:
+                source.sizing = True
                 filesystem, path = self.resolve(source.read.url)
                 size = self._call(source.read.url, 0, lambda: self._size(filesystem, path), "open")
                 with self._lock:
                     source.size = size if source.size is None else min(size, source.size)
+                source.sized.set_result(None)
         except BaseException as exc:
             with self._lock:
                 self._drop(source)  # its first block's retries stop (see _call)
@@ -311,6 +316,21 @@ class ReadAhead:
             source.ready.set_result(None)
         with self._lock:
             self._pump()
+
+    def _find_size(self, source: _Source) -> None:
+        """Find the size of a source planned anew to the end of its file."""
+        url = source.read.url
+        try:
+            filesystem, path = self.resolve(url)
+            size = self._call(url, 0, lambda: self._size(filesystem, path), "open")
+        except Exception as exc:  # raised to the reader that waits for it (_Stream._block)
+            with self._lock:
+                source.size_error = exc
+        else:
+            with self._lock:
+                source.size = size if source.size is None else min(size, source.size)
+                self._pump()
+        source.sized.set_result(None)
 
     def _open_whole(self, source: _Source) -> None:
         assert source.opened is not None
@@ -463,6 +483,15 @@ class _Stream(ReadOnly):
 
     def _block(self) -> _Block | None:
         """The block holding ``pos``, asked for now if it was not; ``None`` at the file's end."""
+        while True:
+            block = self._next_block()
+            if block is not None or self._source.size_error is not None:
+                return block
+            if self._source.size is not None and self.pos >= self._source.size:
+                return None
+            self._source.sized.result()  # to the end of a file whose size is being found
+
+    def _next_block(self) -> _Block | None:
         ahead, source = self._ahead, self._source
         with ahead._lock:
             while source.blocks and source.blocks[0].end <= self.pos:
@@ -474,7 +503,11 @@ class _Stream(ReadOnly):
                     _replan(ahead, source, self.pos)  # outside the plan: from here to the end
                 ahead._cut(source, force=True)
             ahead._pump()
-            return source.blocks[0]
+            if source.blocks:
+                return source.blocks[0]
+            if source.size_error is not None:  # the size it waits for could not be found
+                raise source.size_error
+            return None
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if whence == 2:
@@ -516,9 +549,12 @@ def _next_offset(source: _Source) -> int | None:
 
 
 def _replan(ahead: ReadAhead, source: _Source, pos: int) -> None:
-    """Plan ``source`` anew from ``pos`` to the end of its file."""
+    """Plan ``source`` anew from ``pos`` to the end of its file (whose size it then needs)."""
     for block in source.blocks:
         ahead._release(block)
     source.blocks.clear()
     source.ranges, source.next, source.cursor = [(pos, None)], 0, None
     source.grow = 0
+    if source.size is None and not source.sizing and not source.chained:
+        source.sizing = True
+        ahead._submit(lambda: ahead._find_size(source))

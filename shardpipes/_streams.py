@@ -30,7 +30,8 @@ class ReadStats:
     bytes that ranged requests (``requests``) brought from storage, which reading ahead
     makes a little more than ``bytes`` where an epoch stops early. ``retries`` counts
     requests tried again after a transient failure; ``cache_hits`` the opens served from a
-    local shard cache (not counted in ``bytes``).
+    local shard cache (not counted in ``bytes``). Each process counts its own reads: with
+    DataLoader workers, read it in the workers (e.g. in a ``map`` stage).
     """
 
     _FIELDS = ("bytes", "opens", "retries", "cache_hits", "requests", "fetched")

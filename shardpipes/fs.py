@@ -18,6 +18,7 @@ after :data:`READ_TIMEOUT` seconds without a byte), unless ``storage_options`` s
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import types
 from collections import defaultdict
@@ -42,6 +43,7 @@ __all__ = [
     "READ_TIMEOUT",
     "ReadStats",
     "RetryPolicy",
+    "check_chained",
     "exists",
     "glob",
     "has_magic",
@@ -136,6 +138,8 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
             the install command.
         ValueError: The protocol is unknown to fsspec.
     """
+    if "::" in url:
+        check_chained(url, storage_options or {})
     options = backend_options(url, storage_options)
     key = (os.getpid(), _protocol(url), tokenize(options)) if "::" not in url else None
     made = _MADE.get(key) if key is not None else None
@@ -195,6 +199,38 @@ def backend_options(url: str, storage_options: StorageOptions | None) -> dict[st
         elif protocol in _EXTRAS:
             options[protocol] = _defaults(protocol, options.get(protocol) or {})
     return options
+
+
+_GENERIC = frozenset(
+    {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"}
+)
+
+
+def check_chained(url: str, storage_options: StorageOptions) -> None:
+    """Refuse top-level options that a chained URL's outer layer would silently ignore.
+
+    fsspec gives a chained URL's top-level options to its outer layer (``simplecache``…),
+    which drops what it does not know: credentials and an endpoint given there would be
+    lost, and the reads go to the default endpoint.
+    """
+    protocols = _chain_protocols(url)
+    try:
+        outer = get_filesystem_class(protocols[0])
+    except (ImportError, ValueError):
+        return  # url_to_fs says so
+    named = {
+        name
+        for name, p in inspect.signature(outer.__init__).parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    stray = sorted(k for k in storage_options if k not in {*protocols, *named, *_GENERIC})
+    if stray:
+        msg = (
+            f"{url}: a chained URL takes its storage options per protocol, e.g. "
+            f"storage_options={{{protocols[-1]!r}: {{...}}, {protocols[0]!r}: {{...}}}}; "
+            f"{', '.join(map(repr, stray))} would go to {protocols[0]}:// and be ignored"
+        )
+        raise ValueError(msg)
 
 
 def _chain_protocols(url: str) -> list[str]:

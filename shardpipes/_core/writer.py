@@ -76,7 +76,11 @@ def size_option(name: str, size: int | str, minimum: int, example: str) -> int:
     if isinstance(size, bool) or not isinstance(size, int | str):
         msg = f"{name} must be bytes or a text such as {example!r} (got {size!r})"
         raise TypeError(msg)
-    value = parse_size(size) if isinstance(size, str) else size
+    try:
+        value = parse_size(size) if isinstance(size, str) else size
+    except ValueError as exc:
+        msg = f"{name}: {exc}"
+        raise ValueError(msg) from exc
     if value < minimum:
         msg = f"{name} must be at least {minimum} byte{'' if minimum == 1 else 's'} (got {size!r})"
         raise ValueError(msg)

@@ -98,6 +98,9 @@ class ShardLister(IterDataPipe[str]):
             fs.load_backend(protocol, next(p for p in patterns if fs.protocol_of(p) == protocol))
         self.urls = list(patterns)
         self.storage_options = dict(storage_options or {})
+        for pattern in patterns:
+            if "::" in pattern:
+                fs.check_chained(pattern, self.storage_options)
         self.check_exists = bool(check_exists)
         self.retries = RetryPolicy(retries).retries  # validated
         self._defer = False  # check in the background; the reading stage waits (checked())

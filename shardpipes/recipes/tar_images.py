@@ -50,8 +50,8 @@ def tar_images(
         **options: The reading options (:class:`~shardpipes.ReadOptions`, one
             ``handler`` for every step; ``stats()`` counts what it skipped):
             ``storage_options``, ``handler``, ``max_errors``, ``retries``, ``cache_dir``
-            (a shard read by parts, with workers, is read from the cache but does not fill
-            it), ``cache_size``, ``max_member_bytes``.
+            (each worker's part fills it, block by block), ``cache_size``,
+            ``max_member_bytes``, ``readahead``, ``io_concurrency``.
 
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.

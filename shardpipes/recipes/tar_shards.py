@@ -89,7 +89,9 @@ def tar_shards(
             ``stats()`` counts what it skipped); ``max_errors``, the epoch's budget of
             skipped errors; ``retries`` after a transient storage failure (resuming the
             shard at the byte reached); ``cache_dir`` and ``cache_size``, a local cache of
-            remote shards (least recently used evicted); ``max_member_bytes`` (1 GiB).
+            remote shards (least recently used evicted); ``max_member_bytes`` (1 GiB);
+            ``readahead`` (``"64MiB"``), the bytes of remote shards each worker fetches
+            ahead, and ``io_concurrency`` (4), its ranged requests in flight.
 
     Returns:
         A pipe to hand to ``torch.utils.data.DataLoader(pipe, batch_size=…, num_workers=…)``.

@@ -184,3 +184,39 @@ def test_a_server_without_ranges_is_named(plain_http: tuple[Path, str]) -> None:
         list(sp.recipes.tar_shards(f"{base}/big.tar", fields=("cls",)))
     got = sp.recipes.tar_shards(f"{base}/small.tar", fields=("__key__",), shuffle=False)
     assert [key for (key,) in got] == small_keys
+
+
+@pytest.mark.parametrize("stop", [5, 25, 44])
+def test_resuming_refetches_the_buffer_through_the_read_ahead(
+    http_server: StaticHTTP, shards: tuple[list[Path], list[str]], stop: int
+) -> None:
+    """A state taken mid-epoch restores its shuffle buffer by ranges: the rest, exactly."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    paths, keys = shards
+    urls = http_server.add({f"resume/{p.name}": p for p in paths})
+
+    def make() -> object:
+        return sp.recipes.tar_shards(urls, fields=("cls", "__key__"), seed=17, buffer_size=10)
+
+    whole = [key for _, key in StatefulDataLoader(make(), batch_size=None)]
+    first = StatefulDataLoader(make(), batch_size=None)
+    head = []
+    for _, key in first:
+        head.append(key)
+        if len(head) == stop:
+            break
+    state = first.state_dict()
+    again = StatefulDataLoader(make(), batch_size=None)
+    again.load_state_dict(state)
+    assert head + [key for _, key in again] == whole
+    assert sorted(whole) == sorted(keys)
+
+
+def test_flat_options_on_a_chained_url_are_refused() -> None:
+    """Flat options would go to simplecache, which drops them: the reads would go to AWS."""
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://x"}}
+    with pytest.raises(ValueError, match=r"per protocol, e\.g\. storage_options=\{'s3'"):
+        sp.recipes.tar_shards("simplecache::s3://b/train-{0..3}.tar", storage_options=options)
+    per_protocol = {"s3": options, "simplecache": {"cache_storage": "/tmp/unused"}}
+    sp.recipes.tar_shards("simplecache::s3://b/train-{0..3}.tar", storage_options=per_protocol)
