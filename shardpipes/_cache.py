@@ -79,7 +79,7 @@ class ShardCache:
         """Bytes ``[offset, offset + length)`` of ``url`` if the cache holds them all, else None."""
         path = self.lookup(url)
         if path is None:
-            partial = self.entry(url).with_name(self.entry(url).name + _PART)
+            partial = _partial(self.entry(url))
             with self._locked():
                 covered = _covers(_load_ranges(partial), offset, offset + length)
                 if not covered:
@@ -97,7 +97,7 @@ class ShardCache:
         cached whole already or cannot get room.
         """
         entry = self.entry(url)
-        partial = entry.with_name(entry.name + _PART)
+        partial = _partial(entry)
         with self._locked():
             if entry.exists():
                 return
@@ -152,6 +152,11 @@ class ShardCache:
                 yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _partial(entry: Path) -> Path:
+    """The file of an entry being filled."""
+    return entry.with_name(entry.name + _PART)
 
 
 def _ranges_file(partial: Path) -> Path:

@@ -26,8 +26,9 @@ planned ranges is allowed: the read is planned again from there. Chained URLs
 (``simplecache::s3://…``) are not fetched in blocks: their filesystem downloads the file
 itself, so the next one is opened in the background instead.
 
-Threads: ``concurrency`` daemon threads per :class:`ReadAhead`, started in the process that
-reads (a forked DataLoader worker starts its own), idle when nothing is planned.
+Threads: one pool of daemon threads per process (a forked DataLoader worker starts its
+own), as many as the largest ``concurrency`` asked for plus one, idle when nothing is
+planned; each :class:`ReadAhead` keeps at most ``concurrency`` of its requests in flight.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ MIN_BLOCK = 1 * 2**20
 MAX_BLOCK = 8 * 2**20
 
 Ranges = tuple[tuple[int, int | None], ...]
-Fetch = Callable[[int, int], bytes]
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,7 @@ class _Source:
         self.read = read
         self.ranges: list[tuple[int, int | None]] | None = None  # None: not located yet
         self.size: int | None = None  # the file's size, where needed and known
-        self.sizing = False  # its size asked for
-        self.sized: Future[None] = Future()  # done when its size is known, or cannot be
+        self.sized: Future[None] = Future()  # running: size asked for; done: known, or not
         self.size_error: Exception | None = None  # why it could not be found
         self.ready: Future[None] = Future()  # located (and sized, where needed)
         self.started = False
@@ -114,6 +113,11 @@ class _Source:
         self.closed = False
         self.chained = "::" in read.url  # opened whole (its filesystem caches it)
         self.opened: Future[ResilientStream] | None = None
+
+    @property
+    def sizing(self) -> bool:
+        """Whether its size was asked for."""
+        return self.sized.running() or self.sized.done()
 
     def needs_size(self, cache: bool) -> bool:
         assert self.ranges is not None
@@ -301,12 +305,8 @@ class ReadAhead:
                 source.ranges = ranges
                 self._pump()  # the first block goes out before the size is known
             if source.needs_size(self.cache is not None) and not source.chained:
-                source.sizing = True
-                filesystem, path = self.resolve(source.read.url)
-                size = self._call(source.read.url, 0, lambda: self._size(filesystem, path), "open")
-                with self._lock:
-                    source.size = size if source.size is None else min(size, source.size)
-                source.sized.set_result(None)
+                source.sized.set_running_or_notify_cancel()
+                self._measure(source)
         except BaseException as exc:
             with self._lock:
                 self._drop(source)  # its first block's retries stop (see _call)
@@ -317,20 +317,29 @@ class ReadAhead:
         with self._lock:
             self._pump()
 
-    def _find_size(self, source: _Source) -> None:
-        """Find the size of a source planned anew to the end of its file."""
+    def _measure(self, source: _Source) -> int:
+        """Find the size of ``source``'s file (one request), record it and go on cutting.
+
+        Raises:
+            What finding it raised, also kept in ``size_error`` for a reader that waits.
+        """
         url = source.read.url
         try:
             filesystem, path = self.resolve(url)
-            size = self._call(url, 0, lambda: self._size(filesystem, path), "open")
-        except Exception as exc:  # raised to the reader that waits for it (_Stream._block)
+            size: int = self._call(url, 0, lambda: self._size(filesystem, path), "open")
+        except Exception as exc:
             with self._lock:
                 source.size_error = exc
+            raise
         else:
             with self._lock:
                 source.size = size if source.size is None else min(size, source.size)
                 self._pump()
-        source.sized.set_result(None)
+                return source.size
+        finally:
+            with self._lock:
+                if not source.sized.done():
+                    source.sized.set_result(None)
 
     def _open_whole(self, source: _Source) -> None:
         assert source.opened is not None
@@ -409,6 +418,11 @@ class ReadAhead:
             raise gave_up(exc, url, what, self.retry.retries, offset) from exc
 
 
+def _quietly(fn: Callable[[_Source], object], source: _Source) -> None:
+    with contextlib.suppress(Exception):
+        fn(source)
+
+
 class _DroppedError(Exception):
     """A block's read was dropped while it was being retried."""
 
@@ -483,13 +497,11 @@ class _Stream(ReadOnly):
 
     def _block(self) -> _Block | None:
         """The block holding ``pos``, asked for now if it was not; ``None`` at the file's end."""
-        while True:
-            block = self._next_block()
-            if block is not None or self._source.size_error is not None:
-                return block
+        while (block := self._next_block()) is None:
             if self._source.size is not None and self.pos >= self._source.size:
-                return None
+                return None  # the end of the file
             self._source.sized.result()  # to the end of a file whose size is being found
+        return block
 
     def _next_block(self) -> _Block | None:
         ahead, source = self._ahead, self._source
@@ -523,13 +535,7 @@ class _Stream(ReadOnly):
 
     def _size(self) -> int:
         source = self._source
-        if source.size is None:
-            url = source.read.url
-            filesystem, path = self._ahead.resolve(url)
-            source.size = self._ahead._call(
-                url, 0, lambda: self._ahead._size(filesystem, path), "open"
-            )
-        return source.size
+        return source.size if source.size is not None else self._ahead._measure(source)
 
     def close(self) -> None:
         ahead = self._ahead
@@ -556,5 +562,5 @@ def _replan(ahead: ReadAhead, source: _Source, pos: int) -> None:
     source.ranges, source.next, source.cursor = [(pos, None)], 0, None
     source.grow = 0
     if source.size is None and not source.sizing and not source.chained:
-        source.sizing = True
-        ahead._submit(lambda: ahead._find_size(source))
+        source.sized.set_running_or_notify_cancel()
+        ahead._submit(lambda: _quietly(ahead._measure, source))  # a waiting reader raises

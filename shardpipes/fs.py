@@ -53,7 +53,6 @@ __all__ = [
     "missing_files",
     "open_input",
     "open_output",
-    "protocol_of",
     "read_ahead",
     "size",
     "url_to_fs",
@@ -92,25 +91,24 @@ def _protocol(url: str) -> str:
     return last.split("://", 1)[0] if "://" in last else "file"
 
 
-def protocol_of(url: str) -> str:
-    """The protocol of ``url``'s storage (of its last link, for a chained URL); ``file``: local."""
-    return _protocol(url)
-
-
-def load_backend(protocol: str, url: str) -> None:
-    """Import the fsspec backend of ``protocol`` (for ``url``, named in the error).
+def load_backend(url: str) -> None:
+    """Import the fsspec backend of ``url``'s storage (a chained URL's last link).
 
     Raises:
         ImportError: It is not installed; the message names the install command.
         ValueError: The protocol is unknown to fsspec.
     """
+    protocol = _protocol(url)
     try:
         get_filesystem_class(protocol)
     except ImportError as exc:
         raise _missing_backend(url, protocol) from exc
     except ValueError as exc:
-        msg = f"{url}: unknown protocol {protocol!r}"
-        raise ValueError(msg) from exc
+        raise _unknown_protocol(url, protocol) from exc
+
+
+def _unknown_protocol(url: str, protocol: str) -> ValueError:
+    return ValueError(f"{url}: unknown protocol {protocol!r}")
 
 
 def _missing_backend(url: str, protocol: str) -> ImportError:
@@ -151,8 +149,7 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
         raise _missing_backend(url, _protocol(url)) from exc
     except ValueError as exc:
         if "Protocol not known" in str(exc):
-            msg = f"{url}: unknown protocol {_protocol(url)!r}"
-            raise ValueError(msg) from exc
+            raise _unknown_protocol(url, _protocol(url)) from exc
         raise
     for layer in _layers(fs):
         _own_retries_off(layer)
@@ -487,41 +484,56 @@ def file_size(filesystem: Any, path: str) -> int:
     length.
     """
     if "http" in _protocols(filesystem):
-        from fsspec.asyn import sync
 
-        async def head() -> int | None:
-            session = await filesystem.set_session()
-            kwargs = filesystem.kwargs.copy()
-            headers = {**kwargs.pop("headers", {}), "Accept-Encoding": "identity"}
-            async with session.head(
-                filesystem.encode_url(path), headers=headers, allow_redirects=True, **kwargs
-            ) as r:
-                filesystem._raise_not_found_for_status(r, path)
-                length: int | None = r.content_length
-                return length
+        async def length(r: Any) -> int | None:
+            found: int | None = r.content_length
+            return found
 
-        length = sync(filesystem.loop, head)
-        if isinstance(length, int):
-            return length
+        head = {"Accept-Encoding": "identity"}
+        size = _http(filesystem, "head", path, head, length, allow_redirects=True)
+        if isinstance(size, int):
+            return size
     return int(filesystem.size(path))
 
 
 def _http_range(filesystem: Any, url: str, start: int, end: int) -> bytes:
     """A ranged GET with fsspec's HTTP session that refuses a whole-file answer unread."""
+
+    async def body(r: Any) -> bytes:
+        whole = r.content_length
+        if r.status != 206 and not (start == 0 and whole is not None and whole <= end):
+            raise _no_ranges(url)  # a whole file larger than the range: refused unread
+        return bytes(await r.read())
+
+    data: bytes = _http(filesystem, "get", url, {"Range": f"bytes={start}-{end - 1}"}, body)
+    return data
+
+
+def _http(
+    filesystem: Any,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    answer: Callable[[Any], Any],
+    **request: Any,
+) -> Any:
+    """One request with fsspec's HTTP session and options; ``await answer(response)``.
+
+    A 404 is fsspec's ``FileNotFoundError``, other errors as fsspec raises them.
+    """
     from fsspec.asyn import sync
 
-    async def get() -> bytes:
+    async def run() -> Any:
         session = await filesystem.set_session()
-        kwargs = filesystem.kwargs.copy()
-        headers = {**kwargs.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
-        async with session.get(filesystem.encode_url(url), headers=headers, **kwargs) as r:
+        kwargs = {**filesystem.kwargs, **request}
+        sent = {**kwargs.pop("headers", {}), **headers}
+        async with getattr(session, method)(
+            filesystem.encode_url(url), headers=sent, **kwargs
+        ) as r:
             filesystem._raise_not_found_for_status(r, url)
-            whole = r.content_length
-            if r.status != 206 and not (start == 0 and whole is not None and whole <= end):
-                raise _no_ranges(url)  # a whole file larger than the range: refused unread
-            return bytes(await r.read())
+            return await answer(r)
 
-    return sync(filesystem.loop, get)  # type: ignore[no-any-return]
+    return sync(filesystem.loop, run)
 
 
 def _no_ranges(url: str) -> StorageError:

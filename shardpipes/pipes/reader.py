@@ -154,19 +154,32 @@ class ShardReader:
 
     def _locate(self, part: ShardPart, at: tuple[int, int] | None) -> ReadRanges:
         """The byte ranges that reading ``part`` (from ``at``) will read; see ``_members``."""
-        if part.span is not None:
+        span = self._span(part, at)
+        if span is None:  # streamed: from the start (the gzip magic), then from the offset
+            offset = 0 if at is None else at[0]
+            return ((0, None),) if not offset else ((0, 2), (offset, None))
+        start, end, _ = span
+        return ((start, end),) if start < end else ()
+
+    def _span(self, part: ShardPart, at: tuple[int, int] | None) -> tuple[int, int, int] | None:
+        """How a part is read by range: ``(start, end, index of its first sample)``.
+
+        From ``at`` when resuming; ``start >= end`` when the part holds no sample. ``None``
+        when the part is streamed instead: a whole shard, or a part of one not indexed.
+        """
+        if part.span is not None:  # the splitter found the byte range (even split)
             start, end = part.span
-            return ((start if at is None else at[0], end),)
-        offset = 0 if at is None else at[0]
-        whole = part.parts == 1 and part.start == 0 and part.stop is None
-        ranges = self._ranges(part.url) if not whole and self.index is not False else None
-        if ranges is not None:
+            first = part.start
+        else:
+            indexed = not _whole(part) and self.index is not False
+            ranges = self._ranges(part.url) if indexed else None
+            if ranges is None:
+                return None
             mine = part_samples(len(ranges), part)
             if not mine:
-                return ()
-            return ((ranges[mine.start][0] if at is None else offset, ranges[mine.stop - 1][1]),)
-        # from the start (the gzip magic is read there), then from the offset resumed at
-        return ((0, None),) if not offset else ((0, 2), (offset, None))
+                return 0, 0, 0
+            start, end, first = ranges[mine.start][0], ranges[mine.stop - 1][1], mine.start
+        return (start, end, first) if at is None else (at[0], end, at[1])
 
     def samples(
         self, item: str | ShardPart, *, spans: bool = False, at: tuple[int, int] | None = None
@@ -243,26 +256,16 @@ class ShardReader:
     ) -> tuple[Iterator[Member], int]:
         """The members to read, and the shard index of the first sample among them."""
         url = part.url
-        if part.span is not None:  # the splitter found the byte range (even split)
-            start, end = part.span
-            if at is None:
-                return self._range(stream, url, start, end), part.start
-            return self._range(stream, url, at[0], end), at[1]
+        span = self._span(part, at)
+        if span is not None:
+            start, end, first = span
+            return (self._range(stream, url, start, end) if start < end else iter(())), first
         offset, index = at or (0, 0)
-        if part.parts == 1 and part.start == 0 and part.stop is None:
+        if _whole(part):
             return self._iter(stream, url, skip=offset), index
-        ranges = self._ranges(url) if self.index is not False else None
-        if ranges is None:
-            keep = PartFilter(part.part, part.parts, start=part.start, stop=part.stop)
-            keep.index = index - 1
-            return self._iter(stream, url, keep=keep, skip=offset), index
-        mine = part_samples(len(ranges), part)
-        if not mine:
-            return iter(()), 0
-        start, end = ranges[mine.start][0], ranges[mine.stop - 1][1]
-        if at is None:
-            return self._range(stream, url, start, end), mine.start
-        return self._range(stream, url, offset, end), index
+        keep = PartFilter(part.part, part.parts, start=part.start, stop=part.stop)
+        keep.index = index - 1
+        return self._iter(stream, url, keep=keep, skip=offset), index
 
     def _iter(self, stream: IO[bytes], url: str, **kwargs: Any) -> Iterator[Member]:
         """``iter_members`` with this reader's limits and its handler for bad members."""
@@ -294,6 +297,11 @@ class ShardReader:
                     ranges = None  # compressed: fall back to streaming the part
             self._indexes[url] = ranges
         return self._indexes[url]
+
+
+def _whole(part: ShardPart) -> bool:
+    """Whether ``part`` is its whole shard."""
+    return part.parts == 1 and part.start == 0 and part.stop is None
 
 
 def _cache(directory: str | None, size: int | str | None) -> ShardCache | None:

@@ -93,9 +93,9 @@ class ShardLister(IterDataPipe[str]):
             raise TypeError(msg)
         for pattern in patterns:
             expand_braces(pattern)  # fail early on unbalanced braces
-        for protocol in {fs.protocol_of(p) for p in patterns}:
+        for pattern in patterns:
             # imported here, once: forked DataLoader workers inherit it, ready to read
-            fs.load_backend(protocol, next(p for p in patterns if fs.protocol_of(p) == protocol))
+            fs.load_backend(pattern)
         self.urls = list(patterns)
         self.storage_options = dict(storage_options or {})
         for pattern in patterns:
