@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,7 +71,7 @@ class ShardCache:
         """The complete entry for ``url``, marked as just used; ``None`` if there is none."""
         path = self.entry(url)
         try:
-            os.utime(path)  # least recently used goes first
+            _touch(path)  # least recently used goes first
         except FileNotFoundError:
             return None
         return path
@@ -105,6 +106,7 @@ class ShardCache:
                 return
             with open(partial, "r+b") as f:
                 os.pwrite(f.fileno(), data, offset)
+                _touch(f.fileno())
             ranges = _merge([*_load_ranges(partial), (offset, offset + len(data))])
             if _covers(ranges, 0, size):
                 os.replace(partial, entry)
@@ -154,6 +156,16 @@ class ShardCache:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
+def _touch(file: Path | int) -> None:
+    """Mark ``file`` used now, to the nanosecond.
+
+    The kernel's own file times are coarse (a few ms), and blocks fetched in parallel fill
+    entries within one such tick: ties would be broken by the entries' hashed names.
+    """
+    now = time.time_ns()
+    os.utime(file, ns=(now, now))
+
+
 def _partial(entry: Path) -> Path:
     """The file of an entry being filled."""
     return entry.with_name(entry.name + _PART)
@@ -187,5 +199,5 @@ def _covers(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
 
 def _pread(path: Path, offset: int, length: int) -> bytes:
     with open(path, "rb") as f:
-        os.utime(f.fileno())
+        _touch(f.fileno())
         return os.pread(f.fileno(), length, offset)

@@ -31,9 +31,11 @@ def bucket_shards(
 def epoch(
     pattern: str, server: SeaweedS3, cache: Path, size: int | str, workers: int = 0
 ) -> Counter[str]:
+    # one request at a time: shards fill the cache in the order they are read (blocks
+    # fetched in parallel may fill the next shard's entry before the current one's)
     pipe = sp.recipes.tar_shards(
         pattern, fields=("txt", "__key__"), storage_options=server.storage_options,
-        cache_dir=str(cache), cache_size=size, shuffle=False,
+        cache_dir=str(cache), cache_size=size, shuffle=False, io_concurrency=1,
     )  # fmt: skip
     return Counter(key for _, key in DataLoader(pipe, batch_size=None, num_workers=workers))
 
