@@ -242,7 +242,7 @@ class ReadAhead:
             if limit is not None and source.cursor >= limit:
                 source.next, source.cursor = source.next + 1, None
                 continue
-            if limit is None and source.cursor != start:
+            if limit is None and source.cursor != start and not _speculate(source, start):
                 return False  # to the end of a file of unknown size: wait for its size
             if not source.grow:  # a read waited for starts small; one fetched ahead does not
                 source.grow = min(FIRST_BLOCK, self.block) if source.started else self.block
@@ -326,7 +326,9 @@ class ReadAhead:
         url = source.read.url
         try:
             filesystem, path = self.resolve(url)
-            size: int = self._call(url, 0, lambda: self._size(filesystem, path), "open")
+            size: int = self._call(
+                url, 0, lambda: self._size(filesystem, path), "open", source=source
+            )
         except Exception as exc:
             with self._lock:
                 source.size_error = exc
@@ -383,12 +385,25 @@ class ReadAhead:
                 READ_STATS.count(requests=1, fetched=len(data))
                 if self.cache is not None:
                     source.ready.result()
-                    if source.size is not None:
+                    if source.size is not None and data:
                         self.cache.fill(url, source.size, block.offset, data)
         except BaseException as exc:
-            block.future.set_exception(exc)
-        else:
-            block.future.set_result(data)
+            if not self._past_end(source, block):
+                block.future.set_exception(exc)
+                return
+            data = b""
+        block.future.set_result(data)
+
+    def _past_end(self, source: _Source, block: _Block) -> bool:
+        """Whether ``block`` starts past its file's end (asked for before the size was known).
+
+        Backends refuse such a range (S3's ``InvalidRange``, an HTTP 416) instead of
+        answering with nothing.
+        """
+        if block.offset == 0 or not source.sizing:
+            return False
+        source.sized.result()
+        return source.size is not None and block.offset >= source.size
 
     def _call(
         self,
@@ -544,6 +559,16 @@ class _Stream(ReadOnly):
             with contextlib.suppress(ValueError):
                 ahead._sources.remove(self._source)
             ahead._pump()
+
+
+def _speculate(source: _Source, start: int) -> bool:
+    """Whether to ask for a waited-on read's second block before its file's size is known.
+
+    Its first samples may need more than the first block: both go out at once (a round
+    trip saved); past the end of a small file, the second comes back empty.
+    """
+    assert source.cursor is not None
+    return source.started and source.cursor - start <= FIRST_BLOCK
 
 
 def _next_offset(source: _Source) -> int | None:

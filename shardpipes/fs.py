@@ -13,13 +13,20 @@ shardpipes is the only retry layer: on every backend (s3fs and botocore, gcsfs, 
 azure-core, aiohttp) the backend's own retries are turned down to one attempt, and every
 connection attempt gives up after :data:`CONNECT_TIMEOUT` seconds (a response that stalls,
 after :data:`READ_TIMEOUT` seconds without a byte), unless ``storage_options`` say otherwise.
+
+Listed ``http(s)://`` URLs whose options are at most ``headers`` are read, sized and
+looked up with :mod:`shardpipes._http` (the standard library's client) instead of fsspec's
+aiohttp backend, which still serves globs over HTTP listings, chained URLs and any other
+HTTP option.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
+import time
 import types
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -32,6 +39,7 @@ from fsspec.utils import tokenize
 
 from shardpipes import _fork
 from shardpipes._cache import ShardCache
+from shardpipes._http import HttpClient, HttpStatusError, RangeIgnoredError
 from shardpipes._readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
 from shardpipes._retry import RetryPolicy, gave_up, transient
 from shardpipes._streams import READ_STATS, ReadStats, ResilientStream, raise_permanent
@@ -61,6 +69,7 @@ __all__ = [
 
 StorageOptions = Mapping[str, Any]
 T = TypeVar("T")
+log = logging.getLogger("shardpipes")
 
 # protocol -> the shardpipes extra that installs its fsspec backend
 _EXTRAS = {
@@ -99,12 +108,69 @@ def load_backend(url: str) -> None:
         ValueError: The protocol is unknown to fsspec.
     """
     protocol = _protocol(url)
+    if protocol in _HTTP and "::" not in url:
+        return  # read with the standard library (fsspec's backend only for a glob: its error)
     try:
         get_filesystem_class(protocol)
     except ImportError as exc:
         raise _missing_backend(url, protocol) from exc
     except ValueError as exc:
         raise _unknown_protocol(url, protocol) from exc
+    if protocol in ("s3", "s3a"):
+        _botocore_models()
+
+
+_LOADER: list[Any] = []
+
+
+def _botocore_models() -> Any:
+    """Botocore's data loader with what an S3 client is made of already parsed (once).
+
+    Each s3fs filesystem makes its own botocore session, whose loader parses S3's models
+    anew (~0.1–0.25 s of CPU in every DataLoader worker); this one is parsed where the
+    backend is loaded — the main process, whose forked workers inherit it — and handed to
+    the sessions shardpipes makes for s3fs (:func:`_s3_session`).
+    """
+    if not _LOADER:
+        import botocore.session
+        from botocore.loaders import create_loader
+
+        loader = create_loader()
+        session = botocore.session.Session()
+        session.register_component("data_loader", loader)
+        session.create_client(  # made and dropped: it parses what every client needs
+            "s3",
+            region_name="us-east-1",
+            endpoint_url="http://127.0.0.1:1",
+            aws_access_key_id="-",
+            aws_secret_access_key="-",
+        )
+        _LOADER.append(loader)
+    return _LOADER[0]
+
+
+_SESSIONS: dict[int, Any] = {}
+
+
+def _s3_session(options: StorageOptions) -> Any | None:
+    """An aiobotocore session for s3fs with the shared parsed models, one per process.
+
+    ``None`` where s3fs makes its own with options of the user's (``profile``…): those are
+    keyword arguments s3fs does not name itself, which it gives to its session.
+    """
+    from s3fs import S3FileSystem
+
+    named = inspect.signature(S3FileSystem.__init__).parameters
+    if "session" in options or any(k not in named and k not in _GENERIC for k in options):
+        return None
+    session = _SESSIONS.get(os.getpid())
+    if session is None:
+        from aiobotocore.session import AioSession
+
+        session = AioSession()
+        session.register_component("data_loader", _botocore_models())
+        _SESSIONS[os.getpid()] = session
+    return session
 
 
 def _unknown_protocol(url: str, protocol: str) -> ValueError:
@@ -241,8 +307,12 @@ def _defaults(protocol: str, given: StorageOptions) -> dict[str, Any]:
         config.setdefault("retries", {"total_max_attempts": 1})  # a new dict: botocore edits it
         config.setdefault("connect_timeout", CONNECT_TIMEOUT)
         config.setdefault("read_timeout", READ_TIMEOUT)
+        config.setdefault("signature_version", "s3v4")  # presigned URLs too (see Presigned)
+        session = _s3_session(options)
         options["config_kwargs"] = config
         options.setdefault("default_block_size", S3_BLOCK_SIZE)
+        if session is not None:
+            options["session"] = session
     elif protocol in ("az", "abfs", "abfss"):
         options.setdefault("connection_timeout", CONNECT_TIMEOUT)
         options.setdefault("read_timeout", READ_TIMEOUT)
@@ -434,6 +504,28 @@ def is_remote(url: str) -> bool:
     return _protocol(url) not in _LOCAL
 
 
+_HTTP = frozenset({"http", "https"})
+_CLIENTS: dict[tuple[tuple[str, str], ...], HttpClient] = {}
+
+
+def _http_client(url: str, storage_options: StorageOptions | None) -> HttpClient | None:
+    """The HTTP client of :mod:`shardpipes._http` for ``url``, if it serves it; else ``None``.
+
+    It serves plain ``http(s)://`` URLs whose storage options are at most ``headers``
+    (other options are aiohttp's, for fsspec's backend).
+    """
+    options = storage_options or {}
+    if "::" in url or _protocol(url) not in _HTTP or set(options) - {"headers"}:
+        return None
+    headers = tuple(sorted((str(k), str(v)) for k, v in (options.get("headers") or {}).items()))
+    client = _CLIENTS.get(headers)
+    if client is None:
+        client = _CLIENTS.setdefault(
+            headers, HttpClient(dict(headers), CONNECT_TIMEOUT, READ_TIMEOUT)
+        )
+    return client
+
+
 def read_ahead(
     storage_options: StorageOptions | None = None,
     retry: RetryPolicy | None = None,
@@ -454,12 +546,84 @@ def read_ahead(
     options = dict(storage_options or {})
 
     def resolve(url: str) -> tuple[Any, str]:
-        return url_to_fs(url, options)
+        client = _http_client(url, options)
+        if client is not None:
+            return client, url
+        filesystem, path = url_to_fs(url, options)
+        return _presigned(url, filesystem, options) or filesystem, path
 
     return ReadAhead(
         resolve, fetch_range, file_size, retry or RetryPolicy(), cache,
         budget=readahead, concurrency=io_concurrency,
     )  # fmt: skip
+
+
+class Presigned:
+    """An s3fs filesystem whose objects are read by :mod:`shardpipes._http` with presigned GETs.
+
+    s3fs reads through aiobotocore on fsspec's event loop thread: 318 MB per CPU-second
+    on loopback, where ``http.client`` reads 924. The URL is signed locally by botocore
+    (with the filesystem's credentials, endpoint and addressing), for an hour, and signed
+    anew every :attr:`REFRESH` seconds; the ``Range`` header is not part of the signature.
+    """
+
+    REFRESH = 600.0
+    #: answers to a presigned GET that mean "sign it otherwise" (a bucket in another
+    #: region than the one signed for, an endpoint that takes no query signatures): the
+    #: filesystem's reads go back to s3fs, which follows region redirects
+    REFUSED = frozenset({301, 307, 400})
+
+    def __init__(self, filesystem: Any) -> None:
+        self.fs = filesystem
+        self.http = HttpClient({}, CONNECT_TIMEOUT, READ_TIMEOUT)
+        self.works = True
+        self._signed: dict[str, tuple[float, str]] = {}
+        self._params = dict(getattr(filesystem, "req_kw", {}))  # RequestPayer
+
+    def call(self, path: str, fn: Callable[[HttpClient, str], T]) -> T | None:
+        """``fn(client, presigned URL)``; ``None`` once presigned GETs were refused."""
+        if not self.works:
+            return None
+        try:
+            return fn(self.http, self.url(path))
+        except HttpStatusError as exc:
+            if exc.status not in self.REFUSED:
+                raise
+            log.info("s3://%s: presigned GET refused (%s); reading with s3fs", path, exc)
+            self.works = False
+            return None
+
+    def url(self, path: str) -> str:
+        """A presigned ``GET`` URL of ``path``."""
+        now = time.monotonic()
+        signed = self._signed.get(path)
+        if signed is None or now - signed[0] > self.REFRESH:
+            signed = (now, str(self.fs.url(path, expires=3600, **self._params)))
+            self._signed[path] = signed
+        return signed[1]
+
+
+_PRESIGNED: dict[int, Presigned] = {}
+_S3_CLIENT_KWARGS = frozenset({"endpoint_url", "region_name"})
+
+
+def _presigned(url: str, filesystem: Any, options: StorageOptions) -> Presigned | None:
+    """A :class:`Presigned` for an ``s3://`` URL's filesystem, where it reads the same bytes.
+
+    Not for a chained URL, nor where the options change the requests themselves
+    (``s3_additional_kwargs``: server-side encryption keys…; ``client_kwargs`` other than
+    the endpoint and region: a CA bundle, proxies…), which s3fs then reads.
+    """
+    if "::" in url or _protocol(url) not in ("s3", "s3a"):
+        return None
+    if options.get("s3_additional_kwargs") or set(options.get("client_kwargs") or {}) - (
+        _S3_CLIENT_KWARGS
+    ):
+        return None
+    made = _PRESIGNED.get(id(filesystem))
+    if made is None or made.fs is not filesystem:
+        made = _PRESIGNED[id(filesystem)] = Presigned(filesystem)
+    return made
 
 
 def fetch_range(filesystem: Any, url: str, path: str, start: int, end: int) -> bytes:
@@ -468,6 +632,19 @@ def fetch_range(filesystem: Any, url: str, path: str, start: int, end: int) -> b
     Raises:
         StorageError: If the server answered with more than the range (it ignores ranges).
     """
+    if isinstance(filesystem, Presigned):
+        try:
+            got = filesystem.call(path, lambda http, signed: http.get_range(signed, start, end))
+        except RangeIgnoredError:
+            raise _no_ranges(url) from None
+        if got is not None:
+            return got
+        filesystem = filesystem.fs
+    if isinstance(filesystem, HttpClient):
+        try:
+            return filesystem.get_range(path, start, end)
+        except RangeIgnoredError:
+            raise _no_ranges(url) from None
     if "http" in _protocols(filesystem):
         return _http_range(filesystem, path, start, end)
     data = filesystem.cat_file(path, start=start, end=end)
@@ -481,8 +658,22 @@ def file_size(filesystem: Any, path: str) -> int:
 
     Over HTTP one ``HEAD`` (fsspec's ``size`` follows a failed one with a ``GET``, which
     doubles the wait for an unreachable server), its ``size`` where the answer has no
-    length.
+    length; with shardpipes' own client (:mod:`shardpipes._http`), a ``GET`` of one byte.
+
+    Raises:
+        StorageError: The server does not say the size.
     """
+    if isinstance(filesystem, Presigned):
+        found = filesystem.call(path, lambda http, signed: http.size(signed))
+        if found is not None:
+            return found
+        filesystem = filesystem.fs
+    if isinstance(filesystem, HttpClient):
+        found = filesystem.size(path)
+        if found is None:
+            msg = "the server does not say the file's size (no Content-Range nor Content-Length)"
+            raise StorageError(msg, url=path)
+        return found
     if "http" in _protocols(filesystem):
 
         async def length(r: Any) -> int | None:
@@ -633,6 +824,10 @@ def missing_files(
     folders: dict[tuple[Any, str], list[tuple[str, str]]] = defaultdict(list)
     lookups: list[tuple[str, Any, str]] = []
     for url in wanted:
+        client = _http_client(url, storage_options)
+        if client is not None:
+            lookups.append((url, client, url))
+            continue
         filesystem, path = url_to_fs(url, storage_options)
         if "::" not in url and _protocol(url) in _LISTED:
             folders[filesystem, filesystem._parent(path)].append((url, path))
@@ -663,7 +858,9 @@ def _unlisted(
 
 def _absent(lookup: tuple[str, Any, str], retry: RetryPolicy | None) -> bool:
     url, filesystem, path = lookup
-    if "http" in _protocols(filesystem):  # one GET (info tries HEAD, then GET: 2 timeouts)
+    if isinstance(filesystem, HttpClient):
+        found = lambda: filesystem.size(path) or True  # noqa: E731 (a 404 raises)
+    elif "http" in _protocols(filesystem):  # one GET (info tries HEAD, then GET: 2 timeouts)
         found = lambda: filesystem.exists(path, strict=True)  # noqa: E731 (strict: errors raise)
     else:
         found = lambda: filesystem.info(path)  # noqa: E731

@@ -90,6 +90,7 @@ class TestBackendOptions:
             "retries": {"total_max_attempts": 1},
             "connect_timeout": fs.CONNECT_TIMEOUT,
             "read_timeout": fs.READ_TIMEOUT,
+            "signature_version": "s3v4",
         }
         assert fs.backend_options("gs://b/k", {})["requests_timeout"].sock_connect == 10
         az = fs.backend_options("az://c/k", {})
@@ -183,3 +184,21 @@ def test_cache_sizes() -> None:
         cache_bytes(0)
     with pytest.raises(TypeError):
         cache_bytes(True)
+
+
+class TestS3Session:
+    """s3fs's botocore session shares one parsed set of S3 models per process tree."""
+
+    def test_the_session_uses_the_shared_models(self) -> None:
+        pytest.importorskip("s3fs")
+        fs.load_backend("s3://b/k")
+        options = fs.backend_options("s3://b/k", {"key": "k", "secret": "s"})
+        session = options["session"]
+        assert session.get_component("data_loader") is fs._botocore_models()
+        assert fs.backend_options("s3://b/k", {})["session"] is session  # one per process
+
+    def test_options_for_the_session_keep_s3fs_own(self) -> None:
+        pytest.importorskip("s3fs")
+        assert "session" not in fs.backend_options("s3://b/k", {"profile": "p"})
+        mine = object()
+        assert fs.backend_options("s3://b/k", {"session": mine})["session"] is mine

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import BaseWSGIServer, make_server
 
-Fault = Literal["503", "500", "truncate"]
+Fault = Literal["503", "500", "400", "truncate"]
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -313,6 +313,8 @@ class LoggedRequest:
 _ERRORS = {
     "503": ("503 Service Unavailable", "SlowDown", "Please reduce your request rate."),
     "500": ("500 Internal Server Error", "InternalError", "We encountered an internal error."),
+    # what AWS answers a URL signed for another region than its bucket's
+    "400": ("400 Bad Request", "AuthorizationQueryParametersError", "Wrong region."),
 }
 
 
@@ -336,7 +338,7 @@ class FaultyMoto:
     """moto's S3, in-process on a free loopback port, with HTTP faults on object GETs.
 
     Faults (one plan at a time, see `inject`): ``"503"`` (SlowDown XML error), ``"500"``
-    (InternalError), ``"truncate"`` (the real status and full ``Content-Length``, then only
+    (InternalError), ``"400"`` (to presigned GETs only: signed for the wrong region), ``"truncate"`` (the real status and full ``Content-Length``, then only
     ``truncate_at`` body bytes and the connection closes). Every request is logged in
     `requests`. On start it resets moto's process-global backends and sets the `AWS_ENV`
     variables (restored on close), so nothing can reach AWS. werkzeug closes every connection
@@ -388,8 +390,8 @@ class FaultyMoto:
         truncate_at: int = 65536,
     ) -> None:
         """Fault the next ``times`` object GETs, or every ``every``-th one, or all of them."""
-        if fault not in ("503", "500", "truncate"):
-            msg = f"fault must be '503', '500' or 'truncate' (got {fault!r})"
+        if fault not in ("503", "500", "400", "truncate"):
+            msg = f"fault must be '503', '500', '400' or 'truncate' (got {fault!r})"
             raise ValueError(msg)
         schedule = Schedule(every=every, times=times)
         with self._lock:
@@ -458,7 +460,12 @@ class FaultyMoto:
         )
         plan = None
         with self._lock:
-            if request.is_object_get and self._plan is not None and self._plan[1].take():
+            if (
+                request.is_object_get
+                and self._plan is not None
+                and (self._plan[0] != "400" or "X-Amz-Signature=" in request.query)
+                and self._plan[1].take()
+            ):
                 plan = (self._plan[0], self._plan[2])
                 self.faults_injected += 1
             self._log.append(request if plan is None else replace(request, fault=plan[0]))

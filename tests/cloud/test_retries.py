@@ -17,6 +17,7 @@ import pytest
 
 import shardpipes as sp
 from shardpipes import fs
+from shardpipes._readahead import FIRST_BLOCK
 from tests.cloud.faults import FaultyMoto, ResetProxy
 from tests.cloud.servers import SeaweedS3
 from tests.conftest import Dataset
@@ -156,6 +157,48 @@ def test_persistent_500_gives_up_after_the_retries(
     """A 500 on every GET: StorageError after `retries`, with the cause; no retry storm."""
     _, url = moto_shard
     moto.inject("500")
-    with pytest.raises(sp.StorageError, match=rf"^{url}: read failed after 3 retries"):
+    with pytest.raises(sp.StorageError, match=rf"^{url}: (open|read) failed after 3 retries"):
         list(sp.recipes.tar_shards(url, storage_options=fresh(moto), retries=3))
-    assert len(moto.gets()) == 4  # one try and 3 retries: no retries inside s3fs or botocore
+    # one try and 3 retries of the request that gave up first (the size, asked with a GET
+    # of one byte, or the first block), fewer of the others asked for at once, which stop
+    # retrying then; no retries inside s3fs, botocore or the HTTP client
+    tries = Counter(get.range for get in moto.gets())
+    assert max(tries.values()) == 4 and tries.total() <= 12, tries
+
+
+FIRST = f"bytes=0-{FIRST_BLOCK - 1}"  # the first block's range: asked for once per epoch
+
+
+def test_s3_reads_are_presigned_gets_unless_options_change_the_requests(
+    moto: FaultyMoto, moto_shard: tuple[Dataset, str]
+) -> None:
+    """Blocks go as presigned GETs; with s3_additional_kwargs, as s3fs signs them.
+
+    Those options (server-side encryption keys…) change the requests themselves: s3fs
+    makes them. The bytes agree either way.
+    """
+    data, url = moto_shard
+    assert epoch_keys(url, fresh(moto)) == Counter(data.keys)
+    gets = [get for get in moto.gets() if get.range == FIRST]
+    assert gets and all("X-Amz-Signature=" in get.query for get in gets)
+    moto.clear(log=True)  # (a request of the epoch still under way may come after this)
+    options = {**fresh(moto), "s3_additional_kwargs": {"RequestPayer": "requester"}}
+    assert epoch_keys(url, options) == Counter(data.keys)
+    gets = [get for get in moto.gets() if get.range == FIRST]
+    assert gets and not any("X-Amz-Signature=" in get.query for get in gets)
+
+
+def test_a_refused_presigned_get_falls_back_to_s3fs(
+    moto: FaultyMoto, moto_shard: tuple[Dataset, str]
+) -> None:
+    """A 400 to presigned GETs: the reads go on through s3fs; every sample once.
+
+    AWS answers 400 to a URL signed for another region than its bucket's; s3fs follows
+    region redirects.
+    """
+    data, url = moto_shard
+    moto.inject("400")  # every presigned GET
+    assert epoch_keys(url, fresh(moto)) == Counter(data.keys)
+    assert moto.faults_injected >= 1
+    first = [get for get in moto.gets() if get.range == FIRST and get.fault is None]
+    assert first and "X-Amz-Signature=" not in first[0].query
