@@ -36,6 +36,7 @@ from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.index import build_index, read_index, write_index
+from shardpipes.pipes.mix import Mixer, mix
 from shardpipes.pipes.reader import ReadOptions
 from shardpipes.pipes.resumable import Resumable
 from shardpipes.pipes.shards import ShardLister, ShardSplitter, set_epoch
@@ -55,6 +56,7 @@ __all__ = [
     "DecodeError",
     "ErrorPolicy",
     "MissingFieldError",
+    "Mixer",
     "NoShardsError",
     "ReadOptions",
     "Resumable",
@@ -80,6 +82,7 @@ __all__ = [
     "build_index",
     "collate_samples",
     "list_shards",
+    "mix",
     "pipe_stats",
     "read_index",
     "recipes",

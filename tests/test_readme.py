@@ -7,7 +7,8 @@ rewrites of its syntax tree (nothing else is changed):
 - shard paths: ``data/…`` and ``out/…`` become the shards of `tests.realdata` in a tmp
   folder; ``s3://``, ``gs://``, ``az://`` and ``https://`` ones the same shards uploaded to
   the loopback servers of ``tests/cloud`` (``https`` becomes ``http``). A brace range is
-  rewritten to the real shard count, a glob is kept. ``storage_options=`` on a call whose
+  rewritten to the real shard count unless it lies within it (two sources of a mix take
+  disjoint ranges of the real shards), a glob is kept. ``storage_options=`` on a call whose
   URL is rewritten gets that server's options. Any other ``.tar`` or absolute path fails.
 - ``num_workers=N`` becomes ``min(N, 2)`` (2 cores).
 - ``for … in loader:`` records what the loop saw; ``pipe = …`` records each pipe built.
@@ -180,7 +181,8 @@ class Rewriter(ast.NodeTransformer):
             return text
         names = match["names"]
         if BRACE_RANGE.match(names):
-            names = f"{{000000..{self.shard_count - 1:06d}}}"
+            if int(names[1:-1].split("..")[1]) >= self.shard_count:  # within it, it stays
+                names = f"{{000000..{self.shard_count - 1:06d}}}"
         elif names != "*":
             self.unknown.append(text)
         return f"{self.bases[match['scheme'] or 'local']}/train-{names}.tar"

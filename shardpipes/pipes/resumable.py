@@ -15,6 +15,7 @@ from shardpipes._core.policy import Stats
 from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, reading_of, readings
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.shards import (
     ShardLister,
     ShardSplitter,
@@ -125,7 +126,19 @@ def pipeline_state(pipe: IterDataPipe[Any]) -> dict[str, Any]:
     Raises:
         ValueError: If the pipeline cannot be resumed (see :func:`reading_stages`).
     """
-    return {"version": VERSION, "stages": [s.state_dict() for s in reading_stages(pipe)]}
+    state: dict[str, Any] = {
+        "version": VERSION,
+        "stages": [s.state_dict() for s in reading_stages(pipe)],
+    }
+    mixes = mixers(pipe)
+    if mixes:
+        state["mixes"] = [m.state_dict() for m in mixes]
+    return state
+
+
+def mixers(pipe: IterDataPipe[Any]) -> list[Mixer]:
+    """The ``mix`` stages of a pipeline, in a stable order."""
+    return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, Mixer)]
 
 
 def load_pipeline_state(pipe: IterDataPipe[Any], state: Mapping[str, Any]) -> None:
@@ -145,6 +158,12 @@ def load_pipeline_state(pipe: IterDataPipe[Any], state: Mapping[str, Any]) -> No
     if len(saved) != len(stages):
         msg = f"the state has {len(saved)} reading stages, this pipeline {len(stages)}"
         raise ValueError(msg)
+    mixes, saved_mixes = mixers(pipe), state.get("mixes", [])
+    if len(saved_mixes) != len(mixes):
+        msg = f"the state has {len(saved_mixes)} mix stages, this pipeline {len(mixes)}"
+        raise ValueError(msg)
+    for mixer, sub in zip(mixes, saved_mixes, strict=True):
+        mixer.load_state_dict(sub)
     for stage, sub in zip(stages, saved, strict=True):
         stage.load_state_dict(sub)
 
@@ -160,6 +179,7 @@ _PASSING = (
     SampleDecoder,
     TupleMaker,
     SampleShuffler,  # its buffer is in the open_tar stage's state
+    Mixer,  # its draws' position is in the pipeline's state ("mixes")
 )
 
 

@@ -334,15 +334,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         (the same in all workers of one iteration, new for the next with persistent
         workers). ``None`` (every iteration new) in the main process without a loader.
         """
-        base = self._shared_seed
-        if base is None:
-            info = get_worker_info()
-            base = info.seed - info.id if info is not None else None
         self._begun += 1
-        if base is None:
-            return None
-        digest = hashlib.sha256(f"{base}:{self._begun}".encode()).digest()
-        return int.from_bytes(digest[:8], "little", signed=True)
+        return iteration_key(self._shared_seed, self._begun)
 
     def __iter__(self) -> Iterator[ShardPart]:
         epoch = self._epochs.begin(self._iteration_key())
@@ -440,6 +433,22 @@ def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
 
 
+def iteration_key(shared_seed: int | None, begun: int) -> int | None:
+    """The key of a pipe's ``begun``-th iteration: shared by the workers of one iteration.
+
+    From the DataLoader's shared seed if the pipe got it (``set_seed``), else the worker's
+    base seed; ``None`` outside a DataLoader (see ``ShardSplitter._iteration_key``).
+    """
+    base = shared_seed
+    if base is None:
+        info = get_worker_info()
+        base = info.seed - info.id if info is not None else None
+    if base is None:
+        return None
+    digest = hashlib.sha256(f"{base}:{begun}".encode()).digest()
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
 def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
     """Set the epoch of every ``split_shards`` stage in a pipeline; returns ``pipe``.
 
@@ -460,6 +469,9 @@ def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
         raise ValueError(msg)
     for stage in stages:
         stage.set_epoch(epoch)
+    for other in get_all_graph_pipes(traverse_dps(pipe)):
+        if getattr(other, "takes_epoch", False):  # a mix (shardpipes.pipes.mix)
+            other.set_epoch(epoch)
     return pipe
 
 

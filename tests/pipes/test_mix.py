@@ -1,0 +1,163 @@
+"""``sp.mix`` (issue 14 §1): weighted mixing, exactly once, deterministic, resumable."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+import shardpipes as sp
+from shardpipes._core.mixing import BLOCK, MixDraws, check_weights
+from tests.conftest import Dataset
+
+
+def source(data: Dataset, *, seed: int = 1) -> Any:
+    """A source chain: keys and sources of samples, shuffled within a buffer."""
+    return (
+        sp.list_shards(data.urls)
+        .split_shards(shuffle=True, seed=seed)
+        .open_tar()
+        .shuffle_samples(buffer_size=20, seed=seed)
+    )
+
+
+@pytest.fixture
+def two(make_shards: Callable[..., Dataset], tmp_path: Path) -> tuple[Dataset, Dataset]:
+    """Source "a": 6 shards of 100 samples; "b": 4 shards of 50."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = make_shards(6, 100, base=str(tmp_path / "a"))
+    b = make_shards(4, 50, base=str(tmp_path / "b"))
+    return a, b
+
+
+def keyed(samples: Any) -> list[tuple[str, str]]:
+    return [
+        (s["__source__"], s["__url__"].rsplit("/", 2)[-2] + ":" + s["__key__"]) for s in samples
+    ]
+
+
+def mixed(two: tuple[Dataset, Dataset], **options: Any) -> sp.Mixer:
+    a, b = two
+    return sp.mix({"a": source(a), "b": source(b, seed=2)}, **options)
+
+
+def loader(pipe: Any, workers: int = 2) -> Any:
+    return DataLoader(pipe, batch_size=None, num_workers=workers)
+
+
+def test_every_sample_once_in_the_weights_proportions(two: tuple[Dataset, Dataset]) -> None:
+    """2 workers, weights 3:1 over 600 + 200 samples: all 800 once, in proportion.
+
+    While both sources last, every window of 100 holds "a" at 3/4 within 5 %.
+    """
+    a, b = two
+    got = keyed(loader(mixed(two, weights={"a": 3, "b": 1}, seed=5)))
+    expected = {("a", f"a:{k}") for k in a.keys} | {("b", f"b:{k}") for k in b.keys}
+    assert len(got) == 800 and set(got) == expected
+    last_b = max(i for i, (name, _) in enumerate(got) if name == "b")
+    assert last_b > 700  # b lasts until about the end: 200 of 800 at 1/4
+    for start in range(0, last_b - 100, 10):
+        window = [name for name, _ in got[start : start + 100]]
+        assert abs(window.count("a") / 100 - 0.75) <= 0.05, (start, window.count("a"))
+
+
+def test_deterministic_and_new_each_epoch(two: tuple[Dataset, Dataset]) -> None:
+    """The same seed gives the same order; the next epoch, and another seed, another."""
+    first = keyed(loader(mixed(two, seed=5)))
+    assert keyed(loader(mixed(two, seed=5))) == first
+    assert keyed(loader(mixed(two, seed=6))) != first
+    pipe = mixed(two, seed=5)
+    epochs = [keyed(loader(pipe)) for _ in range(2)]
+    assert epochs[0] == first and epochs[1] != first
+    assert sorted(epochs[1]) == sorted(first)
+    sp.set_epoch(pipe, 0)  # the sources' splits and the draws alike
+    assert keyed(loader(pipe)) == first
+
+
+def test_a_source_that_runs_out_leaves_the_others(two: tuple[Dataset, Dataset]) -> None:
+    """Weights 1:3 over 600 + 200: "b" runs out first, then "a" alone to the end."""
+    got = [name for name, _ in keyed(mixed(two, weights={"a": 1, "b": 3}))]
+    assert Counter(got) == {"a": 600, "b": 200}
+    last_b = max(i for i, name in enumerate(got) if name == "b")
+    assert abs(last_b - 266) <= 2 * BLOCK  # 200 b at 3/4: ~267 draws
+    assert set(got[last_b + 1 :]) == {"a"}
+
+
+def test_resumes_exactly_with_the_plain_stateful_dataloader(
+    two: tuple[Dataset, Dataset],
+) -> None:
+    """Stopped after 17 batches with 2 workers: the rest, then the same as uninterrupted."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make() -> Any:
+        return mixed(two, weights={"a": 2, "b": 1}, seed=3).batch(8)
+
+    def names(batch: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return keyed(batch)
+
+    whole = [names(b) for b in StatefulDataLoader(make(), batch_size=None, num_workers=2)]
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    before = []
+    for batch in first:
+        before.append(names(batch))
+        if len(before) == 17:
+            state = first.state_dict()
+            break
+    second = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    second.load_state_dict(state)
+    after = [names(b) for b in second]
+    assert before + after == whole
+
+
+def test_bad_weights_are_refused_at_construction(two: tuple[Dataset, Dataset]) -> None:
+    with pytest.raises(ValueError, match="'a' is negative"):
+        mixed(two, weights={"a": -1, "b": 1})
+    with pytest.raises(ValueError, match="all zero"):
+        mixed(two, weights={"a": 0, "b": 0})
+    with pytest.raises(ValueError, match="name no source: c"):
+        mixed(two, weights={"a": 1, "b": 1, "c": 1})
+    with pytest.raises(ValueError, match="no weight for source"):
+        mixed(two, weights={"a": 1})
+    with pytest.raises(ValueError, match="finite number"):
+        mixed(two, weights={"a": math.nan, "b": 1})
+    with pytest.raises(TypeError, match="not an IterDataPipe"):
+        sp.mix({"a": [1, 2]})  # type: ignore[dict-item]
+
+
+def test_a_state_of_other_sources_is_refused(two: tuple[Dataset, Dataset]) -> None:
+    pipe = mixed(two)
+    it = iter(pipe)
+    next(it)
+    state = pipe.state_dict()
+    other = sp.mix({"a": source(two[0]), "c": source(two[1])})
+    with pytest.raises(ValueError, match="saved for a mix of"):
+        other.load_state_dict(state)
+
+
+def test_draws_hold_the_weights_within_a_block() -> None:
+    """The core draws: after any n draws, each count within 1 + a block of n × share."""
+    weights = check_weights(["x", "y", "z"], {"x": 5, "y": 3, "z": 0.5})
+    draws = MixDraws(weights, "seed")
+    counts: Counter[str] = Counter()
+    total = sum(weights.values())
+    for n in range(1, 2001):
+        counts[draws.next()] += 1
+        for name, w in weights.items():
+            assert abs(counts[name] - n * w / total) <= BLOCK + 1
+    again = MixDraws(weights, "seed")
+    assert [again.next() for _ in range(2000)] == list(_replay(weights, "seed", 2000))
+
+
+def _replay(weights: dict[str, float], seed: str, n: int) -> list[str]:
+    draws = MixDraws(weights, seed)
+    half = [draws.next() for _ in range(n // 2)]
+    state = draws.state()
+    resumed = MixDraws(weights, "another seed")
+    resumed.restore(state)
+    return half + [resumed.next() for _ in range(n - n // 2)]
