@@ -255,6 +255,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self._counts: dict[str, Ranges | int] = {}  # even split: ranges (or a count) by URL
         self._used: dict[str, Any] | None = None  # what the last plan was made of
         self._pinned: dict[str, Any] | None = None  # a loaded state, for the next plan
+        self._pass_epoch: int | None = None  # next_pass()
 
     def set_seed(self, seed: int) -> ShardSplitter:
         """Take the DataLoader's seed (shared by all workers and ranks) for the shard order.
@@ -337,8 +338,18 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self._begun += 1
         return iteration_key(self._shared_seed, self._begun)
 
+    def next_pass(self, epoch: int) -> None:
+        """Make this process's next iteration ``epoch``, leaving the shared count alone.
+
+        For a source that ``mix(epoch_size=...)`` reads more than once in an epoch: each
+        worker starts its passes when its own share runs out, so the pass's epoch must not
+        go through the counter the workers share.
+        """
+        self._pass_epoch = epoch
+
     def __iter__(self) -> Iterator[ShardPart]:
-        epoch = self._epochs.begin(self._iteration_key())
+        local, self._pass_epoch = self._pass_epoch, None
+        epoch = local if local is not None else self._epochs.begin(self._iteration_key())
         pinned, self._pinned = self._pinned, None
         yield from self._plan(epoch, pinned)
 
@@ -417,7 +428,7 @@ def _check_state(
     if fixed_seed is not None and saved["seed"] != fixed_seed:
         msg = f"the state was saved with seed {saved['seed']}; this pipe has seed={fixed_seed}"
         raise ValueError(msg)
-    if epoch_set and saved["epoch"] != now["epoch"]:
+    if epoch_set and saved["epoch"] % PASS_STRIDE != now["epoch"] % PASS_STRIDE:
         msg = (
             f"the state was saved in epoch {saved['epoch']}; this pipe was set to epoch "
             f"{now['epoch']} (set_epoch): set the epoch the checkpoint was taken in"
@@ -431,6 +442,11 @@ def _check_state(
 def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
     return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+
+
+#: a source's next pass within one epoch of ``mix(epoch_size=...)`` is its split's epoch
+#: plus this: each pass has a new order, apart from the epochs a loader counts
+PASS_STRIDE = 1 << 20
 
 
 def iteration_key(shared_seed: int | None, begun: int) -> int | None:

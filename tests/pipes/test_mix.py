@@ -161,3 +161,82 @@ def _replay(weights: dict[str, float], seed: str, n: int) -> list[str]:
     resumed = MixDraws(weights, "another seed")
     resumed.restore(state)
     return half + [resumed.next() for _ in range(n - n // 2)]
+
+
+def test_epoch_size_draws_exactly_that_many_in_proportion(
+    two: tuple[Dataset, Dataset],
+) -> None:
+    """epoch_size=1000, weights 1:1 over 600 + 200 samples, 2 workers: 500 of each.
+
+    "b" runs out and starts new passes, each sample once per pass (2 or 3 times in all).
+    """
+    got = keyed(loader(mixed(two, seed=4, epoch_size=1000)))
+    assert len(got) == 1000
+    by_source = Counter(name for name, _ in got)
+    assert by_source == {"a": 500, "b": 500}
+    a_keys = Counter(key for name, key in got if name == "a")
+    b_keys = Counter(key for name, key in got if name == "b")
+    assert set(a_keys.values()) == {1}
+    assert len(b_keys) == 200 and set(b_keys.values()) == {2, 3}
+    first_pass = [key for name, key in got if name == "b"][:50]
+    assert len(set(first_pass)) == 50  # a pass draws without replacement
+
+
+def test_epoch_size_resumes_exactly_across_passes(two: tuple[Dataset, Dataset]) -> None:
+    """Stopped in "b"'s second pass: the rest, then the same as uninterrupted."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make() -> Any:
+        return mixed(two, weights={"a": 1, "b": 3}, seed=8, epoch_size=640).batch(8)
+
+    whole = [keyed(b) for b in StatefulDataLoader(make(), batch_size=None, num_workers=2)]
+    assert sum(map(len, whole)) == 640
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    before = []
+    for batch in first:
+        before.append(keyed(batch))
+        if len(before) == 50:  # 400 samples: ~300 of "b", past its 200
+            state = first.state_dict()
+            break
+    second = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    second.load_state_dict(state)
+    assert before + [keyed(b) for b in second] == whole
+
+
+def test_epoch_size_below_the_workers_is_an_error(two: tuple[Dataset, Dataset]) -> None:
+    with pytest.raises(ValueError, match="positive int"):
+        mixed(two, epoch_size=0)
+    with pytest.raises(Exception, match=r"epoch_size=1 is below the number of workers"):
+        list(loader(mixed(two, epoch_size=1)))
+
+
+def test_epoch_size_with_persistent_workers_keeps_the_workers_together(
+    two: tuple[Dataset, Dataset],
+) -> None:
+    """Workers that made different numbers of passes still agree on the next epoch."""
+    pipe = mixed(two, weights={"a": 1, "b": 3}, seed=9, epoch_size=900)
+    persistent = DataLoader(pipe, batch_size=None, num_workers=2, persistent_workers=True)
+    epochs = [keyed(persistent) for _ in range(2)]
+    for got in epochs:
+        assert len(got) == 900
+        a_keys = Counter(key for name, key in got if name == "a")
+        assert set(a_keys.values()) == {1} and abs(a_keys.total() - 225) <= 2  # ±1 a worker
+    assert epochs[0] != epochs[1]
+
+
+def test_a_pass_epoch_stays_in_its_process(two: tuple[Dataset, Dataset]) -> None:
+    """next_pass: that epoch for the next iteration, the shared count and key untouched.
+
+    So workers that made different numbers of passes still agree on the loader's epochs.
+    """
+    from shardpipes.pipes.shards import PASS_STRIDE
+
+    splitter = sp.list_shards(two[0].urls).split_shards(shuffle=True, seed=1)
+    first = list(splitter)
+    begun, epoch = splitter._begun, splitter.epoch
+    splitter.next_pass(epoch + PASS_STRIDE)
+    again = list(splitter)
+    assert splitter.used()["epoch"] == epoch + PASS_STRIDE  # type: ignore[index]
+    assert (splitter._begun, splitter.epoch) == (begun, epoch)
+    assert sorted(again) == sorted(first) and again != first
+    assert list(splitter) != again  # the next iteration counts on as before
