@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
+from shardpipes.pipes.collate import collate_samples
+from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.reader import ReadOptions, check_options
 from shardpipes.pipes.shards import ShardSplitter
 from shardpipes.pipes.stream import ShardStream
@@ -19,8 +22,10 @@ __all__ = ["tar_shards"]
 
 
 def tar_shards(
-    urls: str | Sequence[str],
+    urls: str | Sequence[str] | Mapping[str, str | Sequence[str]],
     *,
+    weights: Mapping[str, float] | None = None,
+    epoch_size: int | None = None,
     shuffle: bool = True,
     seed: int | None = None,
     epoch: int = 0,
@@ -47,7 +52,16 @@ def tar_shards(
     small samples; the chained pipes do the same work one stage at a time.
 
     Args:
-        urls: Shard URLs, brace patterns or globs (``"s3://b/train-{000..099}.tar"``).
+        urls: Shard URLs, brace patterns or globs (``"s3://b/train-{000..099}.tar"``); or
+            a dict of name → those, to mix several sources (see :func:`shardpipes.mix`).
+        weights: With a dict of sources: name → weight (default 1 each). Each source is
+            read, shuffled and decoded on its own, and the samples are drawn from them in
+            proportion to their weights before the fields are picked and batched; every
+            sample of every source comes once per epoch. ``"__source__"`` in ``fields``
+            picks the name of a sample's source.
+        epoch_size: With a dict of sources: exactly this many samples per epoch over all
+            workers and ranks, in the weights' proportions (a source that runs out
+            starts another pass); see :class:`shardpipes.Mixer`.
         shuffle: Shuffle the shard order and, through a buffer, the samples
             (``DataLoader(pipe, shuffle=...)`` overrides it, as for torch's pipes).
         seed: Fixed seed of the shard order and the shuffle buffer: the epoch's whole
@@ -108,6 +122,22 @@ def tar_shards(
             "buffer_size="
         )
         raise TypeError(msg)
+    if isinstance(urls, Mapping):
+        stage = dict(
+            shuffle=shuffle, seed=seed, epoch=epoch, even=even, buffer_size=buffer_size,
+            image=image, resize=resize, crop=crop, threads=threads,
+            check_exists=check_exists, **options,
+        )  # fmt: skip
+        return mixed_sources(
+            urls, weights, epoch_size, stage, fields=fields, transform=transform,
+            batch_size=batch_size, drop_last=drop_last,
+        )  # fmt: skip
+    if weights is not None or epoch_size is not None:
+        msg = (
+            "weights= and epoch_size= are for a dict of sources, e.g. tar_shards("
+            '{"web": urls_a, "books": urls_b}, weights={"web": 3, "books": 1})'
+        )
+        raise TypeError(msg)
     storage_options = options.get("storage_options")
     shards = ShardSplitter(
         lister(urls, options, check_exists=check_exists),
@@ -129,3 +159,46 @@ def tar_shards(
         **options,
     )
     return stream.set_shuffle(shuffle)
+
+
+def mixed_sources(
+    sources: Mapping[str, str | Sequence[str]],
+    weights: Mapping[str, float] | None,
+    epoch_size: int | None,
+    stage: dict[str, Any],
+    *,
+    fields: Sequence[str],
+    transform: Callable[[Any], Any] | None,
+    batch_size: int | None,
+    drop_last: bool,
+) -> IterDataPipe[Any]:
+    """``tar_shards`` of a dict of sources: one stream of decoded dicts each, mixed.
+
+    Then the fields are picked, the transform applied and the batches collated by the
+    chain's stages (``to_tuple``, ``map``, ``batch``, ``collate``).
+    """
+    seed = stage.pop("seed")
+    streams = {
+        name: tar_shards(urls, fields=(), seed=None if seed is None else seed + i, **stage)
+        for i, (name, urls) in enumerate(sources.items())
+    }
+    pipe: IterDataPipe[Any] = Mixer(streams, weights, seed=seed or 0, epoch_size=epoch_size)
+    if fields:
+        pipe = TupleMaker(pipe, *fields, handler=stage.get("handler", "raise"))
+    if transform is not None:
+        pipe = pipe.map(_First(transform, tuples=bool(fields)))
+    if batch_size is not None:
+        pipe = pipe.batch(batch_size, drop_last=drop_last).collate(collate_samples)
+    return pipe
+
+
+class _First:
+    """Apply ``transform`` to a tuple's first field (or to a whole dict sample)."""
+
+    def __init__(self, transform: Callable[[Any], Any], *, tuples: bool) -> None:
+        self.transform, self.tuples = transform, tuples
+
+    def __call__(self, sample: Any) -> Any:
+        if not self.tuples:
+            return self.transform(sample)
+        return (self.transform(sample[0]), *sample[1:])
