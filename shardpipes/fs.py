@@ -409,20 +409,30 @@ def glob(pattern: str, storage_options: StorageOptions | None = None) -> list[st
     return [_display(pattern, fs, p) for p in files]
 
 
-def exists(url: str, storage_options: StorageOptions | None = None) -> bool:
+def exists(
+    url: str, storage_options: StorageOptions | None = None, retry: RetryPolicy | None = None
+) -> bool:
     """Return whether ``url`` names an existing file or directory."""
+    client = _http_client(url, storage_options)
+    if client is not None:
+        return not _absent((url, client, url), retry)
     fs, path = url_to_fs(url, storage_options)
-    return bool(_call(url, lambda: fs.exists(path), what="looking it up"))
+    return bool(_call(url, lambda: fs.exists(path), retry, what="looking it up"))
 
 
-def size(url: str, storage_options: StorageOptions | None = None) -> int:
+def size(
+    url: str, storage_options: StorageOptions | None = None, retry: RetryPolicy | None = None
+) -> int:
     """Return the size of the file at ``url`` in bytes.
 
     Raises:
         ShardNotFoundError: If it does not exist.
     """
+    client = _http_client(url, storage_options)
+    if client is not None:
+        return _call(url, lambda: file_size(client, url), retry, what="looking it up")
     fs, path = url_to_fs(url, storage_options)
-    return int(_call(url, lambda: fs.size(path), what="looking it up"))
+    return int(_call(url, lambda: fs.size(path), retry, what="looking it up"))
 
 
 def listdir(url: str, storage_options: StorageOptions | None = None) -> list[tuple[str, bool]]:

@@ -32,12 +32,19 @@ def check_weights(names: list[str], weights: Mapping[str, float] | None) -> dict
     Raises:
         ValueError: A weight is negative, not a finite number, names no source, or all
             are zero; or a source has none.
+        TypeError: ``weights`` is not a mapping.
     """
     if not names:
         msg = "mixing needs at least one source"
         raise ValueError(msg)
     if weights is None:
         return dict.fromkeys(names, 1.0)
+    if not isinstance(weights, Mapping):
+        msg = (
+            f"weights must be a dict of source name -> weight, e.g. "
+            f"{{{names[0]!r}: 3, ...}} (got a {type(weights).__name__})"
+        )
+        raise TypeError(msg)
     unknown = sorted(map(str, set(weights) - set(names)))
     if unknown:
         msg = f"weights name no source: {', '.join(unknown)} (the sources: {', '.join(names)})"

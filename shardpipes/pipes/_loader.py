@@ -15,14 +15,22 @@ over workers × ranks and seeds it, as for any pipe.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
-from shardpipes.pipes._epoch import readings
-from shardpipes.pipes.resumable import load_pipeline_state, pipeline_state, reads_shards
+from shardpipes.pipes._epoch import ShardReading, readings
+from shardpipes.pipes._length import loader_length
+from shardpipes.pipes.mix import Mixer
+from shardpipes.pipes.resumable import (
+    load_pipeline_state,
+    mixers,
+    pipeline_state,
+    reads_shards,
+)
 
 __all__ = ["StatefulPipeWrapper", "install"]
 
@@ -38,6 +46,7 @@ class StatefulPipeWrapper(_IterDataPipeSerializationWrapper):
     """
 
     _claimed: Mapping[str, Any] | None = None  # loaded for the current iteration
+    _workers: int | None = None  # the loader's num_workers, for len()
     _awaiting: Mapping[str, Any] | None = None  # loaded for the next one
 
     def state_dict(self) -> dict[str, Any]:
@@ -72,23 +81,53 @@ StatefulPipeWrapper.__iter__ = _iter  # type: ignore[method-assign,assignment]
 
 
 def _pending(pipe: IterDataPipe[Any]) -> bool:
-    return any(reading.pending() for reading in readings(pipe))
+    stages: list[ShardReading | Mixer] = [*readings(pipe), *mixers(pipe)]
+    return any(stage.pending() for stage in stages)
 
 
 def _drop(pipe: IterDataPipe[Any]) -> None:
-    for reading in readings(pipe):
-        reading.drop_loaded()
+    stages: list[ShardReading | Mixer] = [*readings(pipe), *mixers(pipe)]
+    for stage in stages:
+        stage.drop_loaded()
+
+
+def _len(self: StatefulPipeWrapper) -> int:
+    """Items the loader yields in an epoch on this rank (see :mod:`shardpipes.pipes._length`).
+
+    Counted for the loader's ``num_workers``, each worker's batches on its own samples.
+    """
+    if self._workers is None:
+        return len(self._datapipe)
+    return loader_length(self._datapipe, self._workers)
+
+
+StatefulPipeWrapper.__len__ = _len  # type: ignore[method-assign,assignment]
 
 
 def _wrap(datapipe: IterDataPipe[Any]) -> _IterDataPipeSerializationWrapper:
-    """What ``StatefulDataLoader`` wraps a pipe in: stateful if the pipe reads shards."""
+    """What a DataLoader wraps a pipe in: stateful, and sized by its workers, if it reads shards.
+
+    Called by ``DataLoader.__init__`` (torch's and ``StatefulDataLoader``'s) once its
+    ``num_workers`` is set: the loader is the caller's ``self``.
+    """
     if reads_shards(datapipe):
-        return StatefulPipeWrapper(datapipe)  # type: ignore[no-untyped-call]
+        wrapper = StatefulPipeWrapper(datapipe)  # type: ignore[no-untyped-call]
+        loader = sys._getframe(1).f_locals.get("self")
+        workers = getattr(loader, "num_workers", None)
+        if isinstance(workers, int):
+            wrapper._workers = workers
+        return wrapper
     return _IterDataPipeSerializationWrapper(datapipe)  # type: ignore[no-untyped-call]
 
 
 def install() -> None:
-    """Make torchdata's ``StatefulDataLoader`` wrap shard-reading pipes statefully."""
+    """Make both DataLoaders wrap shard-reading pipes in :class:`StatefulPipeWrapper`.
+
+    torch's ``DataLoader`` (for ``len()``) and torchdata's ``StatefulDataLoader`` (for the
+    state, and ``len()``).
+    """
+    from torch.utils.data import dataloader
     from torchdata.stateful_dataloader import stateful_dataloader  # type: ignore[import-untyped]
 
     stateful_dataloader._IterDataPipeSerializationWrapper = _wrap
+    dataloader._IterDataPipeSerializationWrapper = _wrap  # type: ignore[attr-defined,assignment]

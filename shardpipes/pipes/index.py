@@ -8,6 +8,7 @@ from typing import IO, Any
 from shardpipes import fs
 from shardpipes._core.index import dump_index, load_index, sample_ranges
 from shardpipes._core.tar import iter_members
+from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError
 
 __all__ = ["build_index", "index_url", "is_gzip", "read_index", "sample_count", "write_index"]
@@ -62,19 +63,29 @@ def write_index(
 
 
 def read_index(
-    url: str, *, storage_options: Mapping[str, Any] | None = None, index: str | None = None
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    index: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Ranges | None:
     """Read a shard's index from ``index`` or its sidecar; ``None`` if there is none.
+
+    Args:
+        url: The shard's URL.
+        storage_options: Passed to the filesystem.
+        index: The index's URL, if not the sidecar's.
+        retry: The storage calls' retry policy; default ``RetryPolicy()``.
 
     Raises:
         ShardIndexError: If the index is malformed or stale (the shard's size changed).
     """
     target = index or index_url(url)
-    if index is None and not fs.exists(target, storage_options):
+    if index is None and not fs.exists(target, storage_options, retry):
         return None
-    with fs.open_input(target, storage_options) as f:
+    with fs.open_input(target, storage_options, retry) as f:
         data = f.read()
-    return load_index(data, url=target, shard_size=fs.size(url, storage_options))
+    return load_index(data, url=target, shard_size=fs.size(url, storage_options, retry))
 
 
 def sample_count(

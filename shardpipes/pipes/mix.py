@@ -15,6 +15,7 @@ from torch.utils.data import IterDataPipe
 
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights
+from shardpipes.pipes._length import local_length, no_length
 from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, splitters, worker_placement
 
 __all__ = ["Mixer", "mix"]
@@ -34,8 +35,9 @@ class Mixer(IterDataPipe[dict[str, Any]]):
     ``StatefulDataLoader`` (the draws' position is part of the pipeline's state).
 
     Args:
-        sources: Name → a pipe of sample dicts (``open_tar``, ``decode``… chains, or a
-            recipe without ``batch_size``).
+        sources: Name → a pipe of sample dicts: ``open_tar``, ``shuffle_samples``,
+            ``decode``, ``map`` … chains (a recipe yields tuples: for recipes, give
+            ``tar_shards`` a dict of sources instead).
         weights: Name → weight (non-negative, not all zero); default 1 each.
         seed: The draws' seed.
         epoch_size: Samples per epoch over all workers and ranks, instead of one pass
@@ -43,6 +45,10 @@ class Mixer(IterDataPipe[dict[str, Any]]):
             that runs out starts another pass (its next epoch: a new order, each sample
             once per pass). Each of the ``T`` workers (DataLoader workers × ranks) yields
             ``epoch_size // T``, the first ``epoch_size % T`` one more.
+        resample: Without ``epoch_size``: an endless epoch, each source starting another
+            pass whenever it runs out (what webdataset's ``ResampledShards`` is used
+            for, but without replacement within a pass); end it where you like
+            (``itertools.islice``, a step count).
 
     Raises:
         ValueError: No source, a weight negative, not a number, or naming no source, or
@@ -60,7 +66,11 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         *,
         seed: int = 0,
         epoch_size: int | None = None,
+        resample: bool = False,
     ) -> None:
+        if epoch_size is not None and resample:
+            msg = "give epoch_size= (an epoch of that many) or resample=True (endless), not both"
+            raise ValueError(msg)
         if epoch_size is not None and (
             isinstance(epoch_size, bool) or not isinstance(epoch_size, int) or epoch_size < 1
         ):
@@ -76,6 +86,7 @@ class Mixer(IterDataPipe[dict[str, Any]]):
             if not isinstance(pipe, IterDataPipe):
                 msg = f"source {name!r} is not an IterDataPipe (got {type(pipe).__name__})"
                 raise TypeError(msg)
+            _check_dicts(name, pipe)
         if isinstance(seed, bool) or not isinstance(seed, int):
             msg = f"seed must be an int (got {seed!r})"
             raise TypeError(msg)
@@ -83,6 +94,7 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         self.weights = check_weights(list(self.sources), weights)
         self.seed = seed
         self.epoch_size = epoch_size
+        self.resample = bool(resample)
         self._epochs = EpochCounter()
         self._begun = 0
         self._draws: MixDraws | None = None
@@ -91,7 +103,13 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         self._pinned: Mapping[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the next iteration (later ones count on from it)."""
+        """Set the epoch of the next iteration (later ones count on from it).
+
+        The draws' and every source's ``split_shards`` stage's, as ``shardpipes.set_epoch``.
+        """
+        for source in self.sources.values():
+            for splitter in splitters(source):
+                splitter.set_epoch(epoch)
         self._epochs.set(epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -105,7 +123,7 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         quota = self._quota(total, worker)
         draws = MixDraws(self.weights, f"{self.seed}:{epoch}:{worker}")
         self._yielded = 0
-        if pinned is not None:
+        if pinned is not None and pinned["draws"] is not None:
             draws.restore(pinned["draws"])
             self._yielded = int(pinned.get("yielded", 0))
         self._draws, self._epoch = draws, epoch
@@ -126,6 +144,13 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 sample["__source__"] = name
                 self._yielded += 1
                 yield sample
+            if self.resample or (quota is not None and self._yielded < quota):
+                msg = (
+                    f"the sources ran out of samples ({', '.join(self.sources)}: a whole pass "
+                    f"of each gave this worker none) after {self._yielded}, so epoch_size= or "
+                    "resample= cannot be met"
+                )
+                raise ValueError(msg)
         finally:
             for stream in streams.values():
                 close = getattr(stream, "close", None)
@@ -147,36 +172,63 @@ class Mixer(IterDataPipe[dict[str, Any]]):
     def _next(self, streams: dict[str, Iterator[Any]], name: str) -> Any | None:
         """The next sample of source ``name``; ``None`` when it has run out.
 
-        With ``epoch_size``, a source that runs out starts its next pass (``None`` only
-        if that pass is empty too).
+        With ``epoch_size`` or ``resample``, a source that runs out starts its next pass
+        (``None`` only if that pass is empty too).
         """
         try:
             return next(streams[name])
         except StopIteration:
-            if self.epoch_size is None:
+            if self.epoch_size is None and not self.resample:
                 return None
         for splitter in splitters(self.sources[name]):
             used = splitter.used()
             splitter.next_pass((used["epoch"] if used else self._epoch) + PASS_STRIDE)
         streams[name] = iter(self.sources[name])
-        return next(streams[name], None)
+        return next(streams[name], None)  # None: a pass with nothing for this worker
 
-    def state_dict(self) -> dict[str, Any] | None:
-        """The draws' position in the current epoch (``None`` before any)."""
+    def __len__(self) -> int:
+        """Samples this mix yields in an epoch here (see :mod:`shardpipes.pipes._length`)."""
+        if self.resample:
+            no_length(self, "resample=True: its epoch never ends")
+        return local_length(self)
+
+    def pending(self) -> bool:
+        """Whether a loaded state waits for an epoch to begin."""
+        return self._pinned is not None
+
+    def drop_loaded(self) -> None:
+        """Drop a loaded state that no epoch began from; its epoch counts as done."""
+        if self._pinned is not None:
+            self._epochs.resumed(int(self._pinned["epoch"]))
+            self._pinned = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The draws' position in the current epoch (before any: the start of the next).
+
+        Like the reading stages' states, so that a state taken in a process that never
+        iterated (the main process of a loader with workers) is of the same epoch as
+        theirs, and dropped with them.
+        """
         if self._draws is None:
-            return None
+            draws, epoch = None, self._epochs.current()
+        else:
+            draws, epoch = self._draws.state(), self._epoch
         return {
-            "epoch": self._epoch,
-            "draws": self._draws.state(),
-            "yielded": self._yielded,
+            "epoch": epoch,
+            "draws": draws,
+            "yielded": self._yielded if draws is not None else 0,
             "sources": list(self.sources),
+            "seed": self.seed,
+            "weights": dict(self.weights),
+            "epoch_size": self.epoch_size,
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         """Resume the draws at the next iteration.
 
         Raises:
-            ValueError: The state is of another set of sources.
+            ValueError: The state is of another set of sources, seed, weights or
+                ``epoch_size``.
         """
         if state is None:
             return
@@ -186,6 +238,17 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 f"{list(self.sources)}"
             )
             raise ValueError(msg)
+        for key, mine in (
+            ("seed", self.seed),
+            ("weights", dict(self.weights)),
+            ("epoch_size", self.epoch_size),
+        ):
+            if key in state and state[key] != mine:
+                msg = (
+                    f"the state was saved for a mix with {key}={state[key]!r}; this one has "
+                    f"{key}={mine!r}"
+                )
+                raise ValueError(msg)
         self._pinned = state
 
 
@@ -195,6 +258,7 @@ def mix(
     *,
     seed: int = 0,
     epoch_size: int | None = None,
+    resample: bool = False,
 ) -> Mixer:
     """Mix sample pipes by weight: see :class:`Mixer`.
 
@@ -204,4 +268,24 @@ def mix(
         >>> coyo = sp.list_shards("data/train-*.tar").split_shards().open_tar()
         >>> pipe = sp.mix({"laion": laion, "coyo": coyo}, weights={"laion": 3, "coyo": 1})
     """
-    return Mixer(sources, weights, seed=seed, epoch_size=epoch_size)
+    return Mixer(sources, weights, seed=seed, epoch_size=epoch_size, resample=resample)
+
+
+def _check_dicts(name: str, pipe: IterDataPipe[Any]) -> None:
+    """Refuse a source that yields tuples or batches (a recipe, ``to_tuple``, ``batch``)."""
+    from torch.utils.data.datapipes.iter import Batcher
+
+    from shardpipes.pipes.fields import TupleMaker
+    from shardpipes.pipes.stream import ShardStream
+
+    tuples = isinstance(pipe, TupleMaker | Batcher) or (
+        isinstance(pipe, ShardStream) and (pipe.fields or pipe.batch_size is not None)
+    )
+    if tuples:
+        msg = (
+            f"mix takes pipes of sample dicts; source {name!r} ({type(pipe).__name__}) yields "
+            "tuples or batches: mix before to_tuple, batch and collate; for recipes, give "
+            "tar_shards a dict of sources (tar_shards({'a': urls_a, 'b': urls_b}, "
+            "weights=...))"
+        )
+        raise TypeError(msg)

@@ -253,6 +253,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self._shared_seed: int | None = None
         self._begun = 0  # iterations this copy of the pipe has begun
         self._counts: dict[str, Ranges | int] = {}  # even split: ranges (or a count) by URL
+        self._lengths: dict[str, int | None] = {}  # len(): sample counts from .idx sidecars
         self._used: dict[str, Any] | None = None  # what the last plan was made of
         self._pinned: dict[str, Any] | None = None  # a loaded state, for the next plan
         self._pass_epoch: int | None = None  # next_pass()

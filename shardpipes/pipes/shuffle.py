@@ -8,7 +8,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes._core.samples import Sample
 from shardpipes.pipes._epoch import ShuffleBuffer
-from shardpipes.pipes._length import no_length
+from shardpipes.pipes._length import local_length
 from shardpipes.pipes._stage import SampleStage
 from shardpipes.pipes.tar import TarOpener
 
@@ -81,4 +81,4 @@ class SampleShuffler(SampleStage):
         return opener.samples(self.buffer.shuffling(opener.source_datapipe))
 
     def __len__(self) -> int:
-        no_length(self)
+        return local_length(self)

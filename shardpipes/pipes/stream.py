@@ -22,7 +22,7 @@ from shardpipes._core.policy import Stats
 from shardpipes._core.split import ShardPart
 from shardpipes._core.steps import Finisher, batches, guard, guarded, threaded
 from shardpipes.pipes._epoch import ShardReading, ShuffleBuffer
-from shardpipes.pipes._length import no_length
+from shardpipes.pipes._length import local_length
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import decoder_table
 from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
@@ -150,7 +150,7 @@ class ShardStream(IterDataPipe[Any]):
             yield from batches(finished, self.batch_size, collate_samples, drop_last=self.drop_last)
 
     def __len__(self) -> int:
-        no_length(self)
+        return local_length(self)
 
     def stats(self) -> Stats:
         """What the current (or last) epoch read and skipped, over all DataLoader workers.

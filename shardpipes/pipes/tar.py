@@ -13,7 +13,7 @@ from shardpipes._core.run import Shuffling
 from shardpipes._core.samples import Sample
 from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import ShardReading
-from shardpipes.pipes._length import no_length
+from shardpipes.pipes._length import local_length
 from shardpipes.pipes._stage import SampleStage
 from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
 
@@ -80,7 +80,7 @@ class TarOpener(SampleStage):
         return map(operator.itemgetter(0), self.reading.begin(shuffling))
 
     def __len__(self) -> int:
-        no_length(self)
+        return local_length(self)
 
     def stats(self) -> Stats:
         """What the current (or last) epoch read and skipped, over all DataLoader workers.

@@ -26,6 +26,7 @@ def tar_shards(
     *,
     weights: Mapping[str, float] | None = None,
     epoch_size: int | None = None,
+    resample: bool = False,
     shuffle: bool = True,
     seed: int | None = None,
     epoch: int = 0,
@@ -59,9 +60,12 @@ def tar_shards(
             proportion to their weights before the fields are picked and batched; every
             sample of every source comes once per epoch. ``"__source__"`` in ``fields``
             picks the name of a sample's source.
-        epoch_size: With a dict of sources: exactly this many samples per epoch over all
-            workers and ranks, in the weights' proportions (a source that runs out
-            starts another pass); see :class:`shardpipes.Mixer`.
+        epoch_size: Exactly this many samples per epoch over all workers and ranks (in the
+            weights' proportions, with several sources); a source that runs out starts
+            another pass, in a new order. See :class:`shardpipes.Mixer`. With one list of
+            shards, this replaces webdataset's ``with_epoch``.
+        resample: An endless epoch: sources start another pass whenever they run out
+            (webdataset's ``ResampledShards``, without replacement within a pass).
         shuffle: Shuffle the shard order and, through a buffer, the samples
             (``DataLoader(pipe, shuffle=...)`` overrides it, as for torch's pipes).
         seed: Fixed seed of the shard order and the shuffle buffer: the epoch's whole
@@ -122,6 +126,11 @@ def tar_shards(
             "buffer_size="
         )
         raise TypeError(msg)
+    if not isinstance(urls, Mapping) and (epoch_size is not None or resample):
+        if weights is not None:
+            msg = "weights= is for a dict of sources, e.g. tar_shards({'web': urls_a, ...})"
+            raise TypeError(msg)
+        urls = {"shards": urls}  # one source, read in passes
     if isinstance(urls, Mapping):
         stage = dict(
             shuffle=shuffle, seed=seed, epoch=epoch, even=even, buffer_size=buffer_size,
@@ -129,12 +138,12 @@ def tar_shards(
             check_exists=check_exists, **options,
         )  # fmt: skip
         return mixed_sources(
-            urls, weights, epoch_size, stage, fields=fields, transform=transform,
+            urls, weights, (epoch_size, resample), stage, fields=fields, transform=transform,
             batch_size=batch_size, drop_last=drop_last,
         )  # fmt: skip
-    if weights is not None or epoch_size is not None:
+    if weights is not None:
         msg = (
-            "weights= and epoch_size= are for a dict of sources, e.g. tar_shards("
+            "weights= is for a dict of sources, e.g. tar_shards("
             '{"web": urls_a, "books": urls_b}, weights={"web": 3, "books": 1})'
         )
         raise TypeError(msg)
@@ -164,7 +173,7 @@ def tar_shards(
 def mixed_sources(
     sources: Mapping[str, str | Sequence[str]],
     weights: Mapping[str, float] | None,
-    epoch_size: int | None,
+    epochs: tuple[int | None, bool],
     stage: dict[str, Any],
     *,
     fields: Sequence[str],
@@ -182,7 +191,10 @@ def mixed_sources(
         name: tar_shards(urls, fields=(), seed=None if seed is None else seed + i, **stage)
         for i, (name, urls) in enumerate(sources.items())
     }
-    pipe: IterDataPipe[Any] = Mixer(streams, weights, seed=seed or 0, epoch_size=epoch_size)
+    epoch_size, resample = epochs
+    pipe: IterDataPipe[Any] = Mixer(
+        streams, weights, seed=seed or 0, epoch_size=epoch_size, resample=resample
+    )
     if fields:
         pipe = TupleMaker(pipe, *fields, handler=stage.get("handler", "raise"))
     if transform is not None:
