@@ -127,6 +127,9 @@ class Mixer(IterDataPipe[dict[str, Any]]):
             draws.restore(pinned["draws"])
             self._yielded = int(pinned.get("yielded", 0))
         self._draws, self._epoch = draws, epoch
+        for pipe in self.sources.values():
+            for splitter in splitters(pipe):
+                splitter.begin_now()  # every source's epoch is counted now, drawn or not
         streams = {name: iter(pipe) for name, pipe in self.sources.items()}
         try:
             while draws.live and (quota is None or self._yielded < quota):

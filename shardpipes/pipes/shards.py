@@ -348,6 +348,18 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         """
         self._pass_epoch = epoch
 
+    def begin_now(self) -> None:
+        """Count the next iteration's epoch now, not when it is first read from.
+
+        A ``mix`` begins its sources' epochs together when its own begins: it reads from
+        each only when drawn, and an iteration cut short (a loader resuming at the end of
+        an epoch) must leave every source's count where the others' are.
+        """
+        if self._pinned is not None:  # a loaded state's epoch: counted as begun now
+            self._epochs.resumed(self._pinned["epoch"])
+        elif self._pass_epoch is None:
+            self._pass_epoch = self._epochs.begin(self._iteration_key())
+
     def __iter__(self) -> Iterator[ShardPart]:
         local, self._pass_epoch = self._pass_epoch, None
         epoch = local if local is not None else self._epochs.begin(self._iteration_key())
