@@ -242,6 +242,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             msg = f"seed must be an integer or None (got {seed!r})"
             raise TypeError(msg)
         super().__init__(source_datapipe)
+        if storage_options is None:
+            storage_options = lister_options(source_datapipe)
         # not `self.shuffle`: an attribute of that name would hide torch's `.shuffle()` form
         self.shuffle_shards = shuffle
         self.seed = seed
@@ -450,6 +452,21 @@ def _check_state(
     if saved.get("even", now["even"]) != now["even"]:
         msg = f"the state was saved with even={saved['even']}; this pipe has even={now['even']}"
         raise ValueError(msg)
+
+
+def lister_options(pipe: Any) -> dict[str, Any] | None:
+    """The ``storage_options`` of the ``list_shards`` stage upstream of ``pipe``, if any.
+
+    A stage that reads the listed shards takes them when given none of its own: a user
+    who passed credentials to ``list_shards`` means them for the reads too.
+    """
+    seen: set[int] = set()
+    while pipe is not None and id(pipe) not in seen:
+        seen.add(id(pipe))
+        if isinstance(pipe, ShardLister):
+            return dict(pipe.storage_options) or None
+        pipe = getattr(pipe, "source_datapipe", None)
+    return None
 
 
 def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:

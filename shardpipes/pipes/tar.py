@@ -16,6 +16,7 @@ from shardpipes.pipes._epoch import ShardReading
 from shardpipes.pipes._length import local_length
 from shardpipes.pipes._stage import SampleStage
 from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
+from shardpipes.pipes.shards import lister_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -43,8 +44,9 @@ class TarOpener(SampleStage):
             sidecar or builds an index on the fly (a header-only scan); a mapping gives
             index URLs by shard URL.
         **options: The reading options (:class:`~shardpipes.ReadOptions`):
-            ``storage_options``, ``handler``, ``max_errors``, ``retries``, ``cache_dir``,
-            ``cache_size``, ``max_member_bytes``. :meth:`stats` reads the handler's counts.
+            ``storage_options`` (by default those given to ``list_shards`` upstream),
+            ``handler``, ``max_errors``, ``retries``, ``cache_dir``, ``cache_size``,
+            ``max_member_bytes``. :meth:`stats` reads the handler's counts.
 
     Example:
         >>> import io, tarfile, fsspec
@@ -69,6 +71,8 @@ class TarOpener(SampleStage):
     ) -> None:
         check_options("open_tar", options)
         super().__init__()
+        if "storage_options" not in options and (found := lister_options(source_datapipe)):
+            options["storage_options"] = found  # those given to list_shards
         self.source_datapipe = source_datapipe
         self.reading = ShardReading(source_datapipe, ShardReader(index=index, **options))
 

@@ -221,3 +221,16 @@ def test_a_shard_of_exactly_the_first_block(
     with s3_server.bucket_with([path]) as bucket:
         url = f"s3://{bucket}/exact.tar"
         assert keys_read([url], storage_options=s3_server.storage_options) == keys
+
+
+def test_a_chain_reads_with_the_options_given_to_list_shards(server: tuple[Rules, str]) -> None:
+    """Credentials given to list_shards serve open_tar too, unless it has its own."""
+    rules, base = server
+    rules.token = TOKEN
+    urls, keys = shards(rules, base, count=2, samples=3)
+    options = {"headers": {"Authorization": TOKEN}}
+    chain = sp.list_shards(urls, storage_options=options).split_shards().open_tar()
+    assert [s["__key__"] for s in chain] == keys
+    own = sp.list_shards(urls, storage_options=options).split_shards()
+    with pytest.raises(sp.StorageAccessError, match="access denied"):
+        list(own.open_tar(storage_options={"headers": {"Authorization": "Bearer no"}}))
