@@ -192,3 +192,28 @@ def test_indexed_tar_index_is_a_url(make_shards: Callable[..., Dataset]) -> None
     data = make_shards(1, 3)
     with pytest.raises(TypeError, match="index must be the URL of the index sidecar"):
         sp.recipes.indexed_tar(data.urls[0], index=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("saved", "now"), [(2, 1), (0, 2), (2, 0)])
+def test_a_state_of_another_num_workers_is_refused_at_load(
+    make_shards: Callable[..., Dataset], saved: int, now: int
+) -> None:
+    """Refused when loaded, naming both counts (torchdata asserts later, saying nothing)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = make_shards(4, 6)
+
+    def loader(workers: int) -> Any:
+        pipe = sp.recipes.tar_shards(data.urls, fields=("__key__",), batch_size=2, seed=1)
+        return StatefulDataLoader(pipe, batch_size=None, num_workers=workers)
+
+    first = loader(saved)
+    batches = iter(first)
+    for _ in range(3):
+        next(batches)
+    state = first.state_dict()
+    with pytest.raises(ValueError, match=rf"saved with num_workers={saved}; .* num_workers={now}"):
+        loader(now).load_state_dict(state)
+    same = loader(saved)
+    same.load_state_dict(state)  # the same count loads as before
+    assert sum(len(keys) for (keys,) in same) == 24 - 6

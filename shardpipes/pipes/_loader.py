@@ -131,3 +131,40 @@ def install() -> None:
 
     stateful_dataloader._IterDataPipeSerializationWrapper = _wrap
     dataloader._IterDataPipeSerializationWrapper = _wrap  # type: ignore[attr-defined,assignment]
+    loader_class = stateful_dataloader.StatefulDataLoader
+    if not getattr(loader_class.load_state_dict, "_shardpipes", False):
+        loader_class.load_state_dict = _checked(loader_class.load_state_dict)
+
+
+def _checked(load: Any) -> Any:
+    """``StatefulDataLoader.load_state_dict``, refusing a state of another ``num_workers``.
+
+    torchdata asserts it when iteration starts, with no message (or "State doesn't contain
+    key '_snapshot'"); for a shardpipes pipeline this says what differs, at the load.
+    """
+
+    def load_state_dict(self: Any, state_dict: Any) -> None:
+        if isinstance(self.dataset, StatefulPipeWrapper) and isinstance(state_dict, Mapping):
+            saved = _saved_workers(state_dict)
+            if saved is not None and saved != self.num_workers:
+                msg = (
+                    f"the loader state was saved with num_workers={saved}; this loader has "
+                    f"num_workers={self.num_workers}. Resume with the same num_workers (and "
+                    "world size): shardpipes cannot yet resume on another topology"
+                )
+                raise ValueError(msg)
+        load(self, state_dict)
+
+    load_state_dict._shardpipes = True  # type: ignore[attr-defined]
+    return load_state_dict
+
+
+def _saved_workers(state: Mapping[str, Any]) -> int | None:
+    """The ``num_workers`` a ``StatefulDataLoader`` state was saved with, if it says."""
+    if not state:
+        return None
+    snapshot = state.get("_snapshot")
+    if snapshot is None:  # a single-process loader's state
+        return 0 if "_index_sampler_state" in state or "fetcher_state" in state else None
+    workers = (snapshot.get("_main_snapshot") or {}).get("_num_workers")
+    return workers if isinstance(workers, int) else None
