@@ -51,6 +51,27 @@ TESTS_BY_MODULE: dict[str, list[str]] = {
     "shardpipes/_core/tar.py": ["tests/core/test_tar.py"],
     "shardpipes/_core/writer.py": ["tests/core/test_writer.py"],
     "shardpipes/pipes/shards.py": ["tests/pipes/test_shards.py"],
+    "shardpipes/_cache.py": [
+        "tests/test_cache_unit.py",
+        "tests/test_readahead_unit.py",
+        "tests/cloud/test_cache.py",
+        "tests/cloud/test_readahead.py",
+    ],
+    # the cloud tests start real servers (SeaweedFS, aiohttp, moto): slower than the units
+    "shardpipes/_http.py": [
+        "tests/test_http_client_unit.py",
+        "tests/cloud/test_http_client.py",
+        "tests/cloud/test_http.py",
+        "tests/cloud/test_readahead.py",
+        "tests/cloud/test_retries.py",
+    ],
+    "shardpipes/_readahead.py": [
+        "tests/test_readahead_unit.py",
+        "tests/cloud/test_readahead.py",
+        "tests/cloud/test_http_client.py",
+        "tests/cloud/test_retries.py",
+        "tests/cloud/test_cache.py",
+    ],
 }
 
 STATUS = {  # mutmut's exit codes, in four groups
