@@ -198,7 +198,11 @@ class ReadAhead:
             self._pump()
         READ_STATS.count(opens=1)
         stream = _Stream(self, source)
-        source.ready.result()  # raises what finding it raised
+        try:
+            source.ready.result()  # raises what finding it raised
+        except BaseException:
+            stream.close()  # forgotten: its error would otherwise be kept (with a traceback)
+            raise
         return stream
 
     def close(self) -> None:

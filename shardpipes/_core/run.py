@@ -22,7 +22,7 @@ import collections
 import hashlib
 import itertools
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from shardpipes._core.samples import Located, Sample
@@ -104,7 +104,15 @@ class EpochRun:
             return
         while self.ahead:
             yield self.ahead.pop(0)
-        source = itertools.chain.from_iterable(self._read())
+        reads = self._read()
+        try:
+            yield from self._shuffled(itertools.chain.from_iterable(reads))
+        finally:
+            # ended, abandoned or failed: the fetching ahead stops now, not when the
+            # generator is collected (a raised error's traceback would keep it alive)
+            reads.close()
+
+    def _shuffled(self, source: Iterator[Located]) -> Iterator[Located]:
         if not self.size:
             for loc in source:
                 self.last = loc
@@ -137,6 +145,7 @@ class EpochRun:
         if self.draining:
             return
         source, ahead = iter(self.parts), collections.deque[ShardPart]()
+        samples: Iterator[Located] | None = None
         try:
             for n in itertools.count(1):
                 part = ahead.popleft() if ahead else next(source, None)
@@ -154,8 +163,11 @@ class EpochRun:
                 self.taken, self.last, self.at, self.restoring = n, None, at, None
                 ahead.extend(itertools.islice(source, AHEAD - len(ahead)))
                 self.reader.upcoming([(part, at), *((p, None) for p in ahead)])
-                yield self.reader.samples(part, spans=True, at=at)
+                samples = self.reader.samples(part, spans=True, at=at)
+                yield samples
         finally:
+            if isinstance(samples, Generator):
+                samples.close()  # its shard's stream too
             self.reader.upcoming([])  # an epoch ended or abandoned: nothing more to fetch
         if self.restoring is not None:  # fewer parts than when it was saved
             self._check(self.restoring)
