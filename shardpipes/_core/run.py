@@ -134,7 +134,7 @@ class EpochRun:
         while buffer:
             yield buffer.pop()
 
-    def _read(self) -> Iterator[Iterator[Located]]:
+    def _read(self) -> Generator[Iterator[Located], None, None]:
         """Each part's samples in turn (skipping, when restoring, the parts done before).
 
         The reader is told the next :data:`AHEAD` parts as each part begins, so that it can
