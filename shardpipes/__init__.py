@@ -34,6 +34,7 @@ from shardpipes.pipes import _loader
 from shardpipes.pipes._epoch import pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
+from shardpipes.pipes.elastic import resume_from
 from shardpipes.pipes.fields import TupleMaker
 from shardpipes.pipes.index import build_index, read_index, write_index
 from shardpipes.pipes.mix import Mixer, mix
@@ -86,6 +87,7 @@ __all__ = [
     "pipe_stats",
     "read_index",
     "recipes",
+    "resume_from",
     "set_epoch",
     "shard_order",
     "split_plan",

@@ -96,7 +96,7 @@ class EpochRun:
 
     # -- running --------------------------------------------------------------------------
 
-    def located(self) -> Iterator[Located]:
+    def located(self) -> Generator[Located, None, None]:
         """The epoch's samples, shuffled, as ``Located`` tuples."""
         if self.restoring is not None and (self.done or self.draining):
             self._replay(self.restoring)

@@ -8,7 +8,6 @@ settings and :func:`buffer_seed` the seed a worker's buffer takes.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes._core.elastic import buffer_seed_of
 from shardpipes._core.policy import Stats
 from shardpipes._core.run import EpochRun, Shuffling
 from shardpipes._core.samples import Located
@@ -87,8 +87,7 @@ def buffer_seed(source: IterDataPipe[Any], fixed: int | None, shared: int | None
     if base is None:
         return int(torch.empty((), dtype=torch.int64).random_().item())
     epoch, worker = (used["epoch"], used["worker"]) if used else (0, worker_placement()[1])
-    digest = hashlib.sha256(f"buffer:{base}:{epoch}:{worker}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
+    return buffer_seed_of(base, epoch, worker)
 
 
 def _check_split(stages: list[Any], workers: int) -> None:

@@ -150,7 +150,8 @@ def _checked(load: Any) -> Any:
                 msg = (
                     f"the loader state was saved with num_workers={saved}; this loader has "
                     f"num_workers={self.num_workers}. Resume with the same num_workers (and "
-                    "world size): shardpipes cannot yet resume on another topology"
+                    "world size), or on another topology with pipe = sp.resume_from(pipe, "
+                    "state) and a new loader"
                 )
                 raise ValueError(msg)
         load(self, state_dict)

@@ -17,6 +17,7 @@ from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes import fs
 from shardpipes._core.braces import expand_braces
+from shardpipes._core.elastic import share, unit_from_list
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.split import ShardPart, global_worker, split_plan
 from shardpipes._retry import RetryPolicy
@@ -259,6 +260,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self._used: dict[str, Any] | None = None  # what the last plan was made of
         self._pinned: dict[str, Any] | None = None  # a loaded state, for the next plan
         self._pass_epoch: int | None = None  # next_pass()
+        self._elastic: dict[str, Any] | None = None  # resume_from(): the epoch's rest
 
     def set_seed(self, seed: int) -> ShardSplitter:
         """Take the DataLoader's seed (shared by all workers and ranks) for the shard order.
@@ -286,6 +288,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             raise ValueError(msg)
         self._epochs.set(epoch)
         self._epoch_set = True
+        if self._elastic is not None and self._elastic["epoch"] != epoch:
+            self._elastic = None  # another epoch: the resumed one is over
 
     @property
     def epoch(self) -> int:
@@ -316,18 +320,40 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         used = {
             "seed": seed, "epoch": epoch, "shards": len(urls), "digest": _digest(urls),
             "workers": total, "worker": worker, "even": self.even,
+            "shuffle": self.shuffle_shards,
         }  # fmt: skip
+        elastic: Mapping[str, Any] | None = None
+        if self._elastic is not None and self._elastic["epoch"] == epoch:
+            elastic = self._elastic
         if pinned is not None:
             _check_state(pinned, used, fixed_seed=self.seed, epoch_set=self._epoch_set)
             seed, epoch = used["seed"], used["epoch"] = pinned["seed"], pinned["epoch"]
             self._epochs.resumed(epoch)  # later ones count on from it
-        counts = [self._count(url) for url in urls] if self.even else None
-        parts = split_plan(
-            urls, shuffle=self.shuffle_shards, seed=seed, epoch=epoch,
-            num_workers=total, worker_id=worker, counts=counts,
-        )  # fmt: skip
+            elastic = pinned if "elastic" in pinned else None
+        if elastic is not None:  # the rest of an epoch begun on another topology
+            _check_state(elastic, used, fixed_seed=self.seed, epoch_set=False)
+            seed, epoch = used["seed"], used["epoch"] = elastic["seed"], elastic["epoch"]
+            used["elastic"] = elastic["elastic"]
+            units = [unit_from_list(u, urls) for u in elastic["elastic"]["units"]]
+            parts = share(units, total, worker)
+        else:
+            counts = [self._count(url) for url in urls] if self.even else None
+            parts = split_plan(
+                urls, shuffle=self.shuffle_shards, seed=seed, epoch=epoch,
+                num_workers=total, worker_id=worker, counts=counts,
+            )  # fmt: skip
         self._used = used
         return [self._span(part) for part in parts] if self.even else parts
+
+    def resume_elastic(self, state: Mapping[str, Any]) -> None:
+        """Make the next iteration the rest of an epoch (see ``shardpipes.resume_from``).
+
+        ``state`` is a split state (seed, epoch, shards, digest) with the units left, under
+        ``"elastic"``; it applies to its epoch, the next one begun.
+        """
+        self._elastic = dict(state)
+        self._pinned = None
+        self._epochs.set(state["epoch"])
 
     def _iteration_key(self) -> int | None:
         """What the workers of one iteration share, and the next iteration's do not.
@@ -381,6 +407,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             return dict(self._pinned)
         if self._used is not None:
             return dict(self._used)
+        if self._elastic is not None and self._elastic["epoch"] == self.epoch:
+            return dict(self._elastic)
         return {"seed": self.order_seed(), "epoch": self.epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -411,7 +439,12 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         return found if isinstance(found, int) else len(found)
 
     def _span(self, part: ShardPart) -> ShardPart:
-        ranges = self._counts[part.url]
+        if part.span is not None:
+            return part
+        ranges = self._counts.get(part.url)
+        if ranges is None:
+            self._count(part.url)
+            ranges = self._counts[part.url]
         if isinstance(ranges, int) or part.stop is None:
             return part
         return part._replace(span=(ranges[part.start][0], ranges[part.stop - 1][1]))

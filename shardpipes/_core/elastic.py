@@ -1,0 +1,238 @@
+"""Resuming an epoch on another topology: what each worker left, and who reads it now.
+
+A worker's reading state (its split, and its :class:`~shardpipes._core.run.EpochRun`
+position) says what it had not yet delivered: the samples in its shuffle buffer or taken
+ahead, the rest of the part it was reading, and the parts it had not begun
+(:func:`left_over`). With every worker's state, that is read off. With one rank's states
+and the even split (DDP's case), a worker of another rank delivered as many samples as the
+worker with its id on this rank (every rank yields as many batches, each from its workers
+in turn, and every worker holds as many samples); which ones is found by running its
+epoch again on references alone (:func:`replay`): its parts' sample ranges are known, and
+its buffer's seed is a function of ``(seed, epoch, worker)``, so the run — the same
+``EpochRun`` — takes the same decisions without reading a byte.
+
+What is left is a list of **units**: shard parts as the splitter makes them (a whole
+shard, part ``k`` of ``m``, or a sample range with its byte span). :func:`share` deals
+them to the new workers: with every unit's sample count known, the even split over their
+samples end to end (fewer than ``total`` samples are left out, as the even split of an
+epoch does); else unit by unit, in turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from shardpipes._core.run import EpochRun
+from shardpipes._core.samples import Located, Sample
+from shardpipes._core.split import ShardPart, assign_even, part_samples
+
+__all__ = [
+    "buffer_seed_of",
+    "left_over",
+    "part_indices",
+    "replay",
+    "share",
+    "size_of",
+    "unit_from_list",
+    "unit_to_list",
+]
+
+Ranges = Sequence[tuple[int, int]]  # the byte range of each sample of a shard, in order
+RangesOf = Callable[[str], "Ranges | None"]  # a shard's ranges (None: compressed)
+
+
+def buffer_seed_of(base: int, epoch: int, worker: int) -> int:
+    """The seed of global worker ``worker``'s shuffle buffer in ``epoch``, from ``base``."""
+    digest = hashlib.sha256(f"buffer:{base}:{epoch}:{worker}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def part_indices(part: ShardPart, n_samples: int) -> range:
+    """The indices of the samples ``part`` holds, in a shard of ``n_samples`` read by range."""
+    if part.parts == 1:
+        return range(n_samples)[part.start : part.stop]
+    return part_samples(n_samples, part)
+
+
+def size_of(part: ShardPart) -> int | None:
+    """The samples in ``part`` if its bounds say (a sample range), else ``None``."""
+    if part.parts == 1 and part.stop is not None:
+        return part.stop - part.start
+    return None
+
+
+def left_over(
+    parts: Sequence[ShardPart], position: Mapping[str, Any] | None, ranges_of: RangesOf
+) -> list[ShardPart]:
+    """The samples of a worker's epoch that it had not delivered, as units.
+
+    Args:
+        parts: The worker's parts for the epoch, in reading order.
+        position: Its saved ``EpochRun`` position (``None``: it had not begun).
+        ranges_of: A shard's sample ranges (read only for the part being read and the
+            shards of buffered samples).
+
+    Raises:
+        ValueError: If a sample left over lies in a compressed shard (it cannot be read
+            alone), or a shard no longer holds a saved sample.
+    """
+    if position is None:
+        return list(parts)
+    if position["done"]:
+        return []
+    shards = position["shards"]
+    held = [(shards[s], start, end) for s, start, end in (*position["buffer"], *position["ahead"])]
+    out = _samples_as_units(held, ranges_of)
+    if position["draining"]:
+        return out
+    taken, offset, index = position["cursor"]
+    if taken >= 1:
+        current = parts[taken - 1]
+        out += [current] if offset < 0 else _rest(current, offset, index, ranges_of)
+    return out + list(parts[taken:])
+
+
+def _ranges(url: str, ranges_of: RangesOf, what: str) -> Ranges:
+    ranges = ranges_of(url)
+    if ranges is None:
+        msg = (
+            f"{url}: {what} lies in a compressed shard, which cannot be read from the middle "
+            "by another worker: elastic resumption needs uncompressed .tar shards there"
+        )
+        raise ValueError(msg)
+    return ranges
+
+
+def _rest(part: ShardPart, offset: int, index: int, ranges_of: RangesOf) -> list[ShardPart]:
+    """The samples of ``part`` from shard index ``index`` (at byte ``offset``) on."""
+    ranges = _ranges(part.url, ranges_of, "the part being read")
+    mine = part_indices(part, len(ranges))
+    if index >= mine.stop:
+        return []
+    if index < mine.start or ranges[index][0] != offset:
+        msg = f"{part.url}: no sample {index} at byte {offset} (has the shard changed?)"
+        raise ValueError(msg)
+    return [_run(part.url, index, mine.stop, ranges)]
+
+
+def _run(url: str, start: int, stop: int, ranges: Ranges) -> ShardPart:
+    return ShardPart(url, start=start, stop=stop, span=(ranges[start][0], ranges[stop - 1][1]))
+
+
+def _samples_as_units(
+    samples: Iterable[tuple[str, int, int]], ranges_of: RangesOf
+) -> list[ShardPart]:
+    """Single samples ``(url, start, end)`` as sample ranges, adjacent ones merged."""
+    by_url: dict[str, list[tuple[int, int]]] = {}
+    for url, start, end in samples:
+        by_url.setdefault(url, []).append((start, end))
+    out = []
+    for url, spans in by_url.items():
+        ranges = _ranges(url, ranges_of, "a sample of the shuffle buffer")
+        where = {start: (i, end) for i, (start, end) in enumerate(ranges)}
+        indices = []
+        for start, end in spans:
+            found = where.get(start)
+            if found is None or found[1] != end:
+                msg = f"{url}: no sample at bytes {start}..{end} (has the shard changed?)"
+                raise ValueError(msg)
+            indices.append(found[0])
+        indices.sort()
+        first = prev = indices[0]
+        for i in [*indices[1:], None]:
+            if i is not None and i == prev + 1:
+                prev = i
+                continue
+            out.append(_run(url, first, prev + 1, ranges))
+            if i is not None:
+                first = prev = i
+    return out
+
+
+class _References:
+    """A :class:`~shardpipes._core.run.PartReader` of sample references only (a replay)."""
+
+    def __init__(self, ranges_of: RangesOf) -> None:
+        self.ranges_of = ranges_of
+
+    def samples(
+        self, item: str | ShardPart, *, spans: bool = False, at: tuple[int, int] | None = None
+    ) -> Iterator[Any]:
+        part = item if isinstance(item, ShardPart) else ShardPart(item)
+        ranges = _ranges(part.url, self.ranges_of, "a part replayed")
+        mine = part_indices(part, len(ranges))
+        sample: Sample = {"__url__": part.url}
+        for i in range(at[1] if at is not None else mine.start, mine.stop):
+            yield Located(sample, ranges[i][0], ranges[i][1], i)
+
+    def fetch(self, url: str, spans: Iterable[tuple[int, int]]) -> dict[int, Sample]:
+        raise AssertionError  # a replay starts from the epoch's start: nothing to re-read
+
+    def upcoming(self, parts: Sequence[tuple[ShardPart, tuple[int, int] | None]]) -> None:
+        pass
+
+
+def replay(
+    parts: Sequence[ShardPart],
+    ranges_of: RangesOf,
+    *,
+    buffer_size: int,
+    seed: int,
+    delivered: int,
+) -> dict[str, Any]:
+    """The position of a worker's epoch after it delivered ``delivered`` samples.
+
+    Its run again, on references (no byte read): the same ``EpochRun``, the same buffer
+    and seed, so the same samples come out in the same order.
+
+    Raises:
+        ValueError: If the worker's parts hold fewer than ``delivered`` samples.
+    """
+    run = EpochRun(_References(ranges_of), parts, buffer_size=buffer_size, seed=seed)
+    located = run.located()
+    for n in range(delivered):
+        if next(located, None) is None:
+            msg = (
+                f"a worker's parts hold {n} samples; its rank's state says it delivered {delivered}"
+            )
+            raise ValueError(msg)
+    position = run.position()
+    located.close()
+    return position
+
+
+def share(units: Sequence[ShardPart], total: int, worker: int) -> list[ShardPart]:
+    """The units (or parts of units) that worker ``worker`` of ``total`` reads.
+
+    With every unit's sample count known (:func:`size_of`), the even split of their
+    samples end to end (the last ``n % total`` are nobody's); a sample range cut in two
+    loses its byte span (the splitter finds it again). Else unit ``i`` goes to worker
+    ``i % total``.
+    """
+    sizes = [size_of(unit) for unit in units]
+    if any(size is None for size in sizes):
+        return [unit for i, unit in enumerate(units) if i % total == worker]
+    counts = [size for size in sizes if size is not None]
+    out = []
+    for i, start, stop in assign_even(counts, total, worker):
+        unit = units[i]
+        whole = (start, stop) == (0, counts[i])
+        out.append(
+            unit if whole else ShardPart(unit.url, start=unit.start + start, stop=unit.start + stop)
+        )
+    return out
+
+
+def unit_to_list(unit: ShardPart, index: Mapping[str, int]) -> list[int | None]:
+    """A unit as plain data, its URL by its place in the shard list."""
+    span = unit.span or (None, None)
+    return [index[unit.url], unit.part, unit.parts, unit.start, unit.stop, *span]
+
+
+def unit_from_list(data: Sequence[Any], urls: Sequence[str]) -> ShardPart:
+    """The unit :func:`unit_to_list` made."""
+    url, part, parts, start, stop, first, last = data
+    span = None if first is None else (int(first), int(last))
+    return ShardPart(urls[url], int(part), int(parts), int(start), stop, span)

@@ -1,0 +1,169 @@
+"""``sp.resume_from`` (issue 14 §3): the rest of an epoch on another number of workers or ranks.
+
+Shards of uneven sizes, keys in shard order (class-ordered data looks the same to the
+split), shuffle buffers on; ranks are played in one process with ``apply_sharding`` (the
+numbering a DataLoader gives workers × ranks), and real ``StatefulDataLoader`` workers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from torch.utils.data import graph_settings
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardpipes as sp
+from shardpipes._core.elastic import left_over, replay, share
+from shardpipes._core.split import ShardPart
+from tests.conftest import Dataset
+
+SIZES = [23, 31, 17, 40, 29]  # 140 samples
+
+
+@pytest.fixture
+def data(make_shards: Callable[..., Dataset]) -> Dataset:
+    return make_shards(len(SIZES), SIZES)
+
+
+def recipe(data: Dataset, *, even: bool = True, seed: int | None = 3, **options: Any) -> Any:
+    return sp.recipes.tar_shards(
+        data.urls, fields=("__key__",), seed=seed, buffer_size=8, even=even, **options
+    )
+
+
+def keys_of(batches: Any) -> list[str]:
+    return [key for batch in batches for key in batch[0]]
+
+
+def rank_run(pipe: Any, total: int, worker: int, count: int | None) -> tuple[list[str], Any]:
+    """Global worker ``worker`` of ``total`` reads ``count`` samples (all: None); (keys, state)."""
+    graph_settings.apply_sharding(pipe, total, worker)
+    samples, keys = iter(pipe), []
+    for (key,) in samples:
+        keys.append(key)
+        if len(keys) == count:
+            break
+    state = pipe.state_dict()
+    samples.close()
+    return keys, state
+
+
+def resumed_on(data: Dataset, state: Any, total: int, **options: Any) -> list[list[str]]:
+    """Each of ``total`` new workers' keys, each from a new pipe resumed from ``state``."""
+    return [
+        rank_run(sp.resume_from(recipe(data, **options), state), total, w, None)[0]
+        for w in range(total)
+    ]
+
+
+def flat(lists: list[list[str]]) -> list[str]:
+    return [key for keys in lists for key in keys]
+
+
+def check_once(data: Dataset, before: list[str], after: list[str], dropped_at_most: int) -> None:
+    seen = Counter(before + after)
+    assert [k for k, n in seen.items() if n > 1] == []
+    assert set(seen) <= set(data.keys)
+    assert len(data.keys) - len(seen) <= dropped_at_most
+
+
+def test_two_loader_workers_resume_on_none_and_on_three(data: Dataset) -> None:
+    """A StatefulDataLoader with 2 workers stopped after 7 batches; resumed with 0 and 3."""
+    loader = StatefulDataLoader(recipe(data), batch_size=4, num_workers=2)
+    batches = iter(loader)
+    before = keys_of(next(batches) for _ in range(7))
+    state = loader.state_dict()
+    del batches
+    for workers in (0, 3):
+        pipe = sp.resume_from(recipe(data), state)
+        after = keys_of(StatefulDataLoader(pipe, batch_size=4, num_workers=workers))
+        check_once(data, before, after, dropped_at_most=2 + max(workers, 1))
+        # the epoch after is whole again, on the new topology
+        later = keys_of(StatefulDataLoader(pipe, batch_size=4, num_workers=workers))
+        assert Counter(later).most_common(1)[0][1] == 1
+        assert len(data.keys) - len(later) < max(workers, 1)
+
+
+def test_one_ranks_state_is_enough_with_even(data: Dataset) -> None:
+    """2 ranks stop after 9 samples each; rank 1's state alone resumes on 3, every one once.
+
+    The other rank's position comes from a replay of its epoch; each new worker delivers
+    as many samples.
+    """
+    before, states = [], []
+    for rank in range(2):
+        keys, state = rank_run(recipe(data), 2, rank, 9)
+        before += keys
+        states.append(state)
+    after = resumed_on(data, states[1], 3)
+    check_once(data, before, flat(after), dropped_at_most=2 + 3)
+    assert len({len(keys) for keys in after}) == 1
+
+
+def test_every_ranks_state_without_even(data: Dataset) -> None:
+    """Without even, a list of every rank's state: nothing is dropped at all."""
+    before, states = [], []
+    for rank, count in enumerate((11, 4, 30)):
+        keys, state = rank_run(recipe(data, even=False), 3, rank, count)
+        before += keys
+        states.append(state)
+    after = resumed_on(data, states, 2, even=False)
+    check_once(data, before, flat(after), dropped_at_most=0)
+    with pytest.raises(ValueError, match=r"states of 2 of 3 workers are missing: without even"):
+        sp.resume_from(recipe(data, even=False), states[0])
+
+
+def test_a_resumed_epoch_resumes_again(data: Dataset) -> None:
+    """Stopped while resumed: same topology with load_state_dict, or another with resume_from."""
+    before, states = [], []
+    for rank in range(2):
+        keys, state = rank_run(recipe(data), 2, rank, 6)
+        before += keys
+        states.append(state)
+    middle, mid_states = [], []
+    for worker in range(3):
+        keys, state = rank_run(sp.resume_from(recipe(data), states[0]), 3, worker, 10)
+        middle += keys
+        mid_states.append(state)
+    # the same 3 workers go on with the plain load_state_dict
+    plain = []
+    for worker in range(3):
+        pipe = recipe(data)
+        pipe.load_state_dict(mid_states[worker])
+        plain += rank_run(pipe, 3, worker, None)[0]
+    check_once(data, before + middle, plain, dropped_at_most=2 + 3)
+    # or 4 workers take over from one of them
+    after = resumed_on(data, mid_states[2], 4)
+    check_once(data, before + middle, flat(after), dropped_at_most=2 + 3 + 4)
+
+
+def test_bad_states_are_refused(data: Dataset, make_shards: Callable[..., Dataset]) -> None:
+    _, state = rank_run(recipe(data), 2, 0, 5)
+    with pytest.raises(ValueError, match="needs a fixed seed"):
+        sp.resume_from(recipe(data, seed=None), state)
+    other = make_shards(3, 10)
+    with pytest.raises(ValueError, match="another shard list"):
+        sp.resume_from(
+            sp.recipes.tar_shards(other.urls, fields=("__key__",), seed=3, even=True), state
+        )
+    with pytest.raises(ValueError, match="saved with even=True"):
+        sp.resume_from(recipe(data, even=False), state)
+    with pytest.raises(TypeError, match="resume_from takes a StatefulDataLoader"):
+        sp.resume_from(recipe(data), "state.pt")  # type: ignore[arg-type]
+    chain = sp.list_shards(data.urls).split_shards(seed=3).open_tar()
+    with pytest.raises(ValueError, match="cannot yet resume a mix on another topology"):
+        sp.resume_from(sp.mix({"a": chain}), state)
+
+
+def test_replay_gives_the_runs_own_position() -> None:
+    """The replay of a worker on references is the EpochRun's own run (core, no reading)."""
+    ranges = {f"s{i}": [(k * 10, k * 10 + 10) for k in range(n)] for i, n in enumerate((7, 5))}
+    parts = [ShardPart("s0", start=2, stop=7), ShardPart("s1", start=0, stop=5)]
+    position = replay(parts, ranges.get, buffer_size=4, seed=9, delivered=3)
+    assert len(position["buffer"]) == 4
+    rest = left_over(parts, position, ranges.get)
+    assert sum(u.stop - u.start for u in rest) == 10 - 3
+    assert [u.url for u in share(rest, 2, 0)] + [u.url for u in share(rest, 2, 1)]
