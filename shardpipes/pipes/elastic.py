@@ -24,7 +24,7 @@ from shardpipes._core.split import ShardPart, SplitPlanner
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, readings
 from shardpipes.pipes.index import sample_count
 from shardpipes.pipes.resumable import Resumable, mixers
-from shardpipes.pipes.shards import ShardSplitter, splitters
+from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
 
 __all__ = ["resume_from"]
 
@@ -94,7 +94,10 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
         "seed": saved["seed"],
         "units": [unit_to_list(unit, index) for unit in units],
     }
-    pinned = {**{k: saved[k] for k in ("seed", "epoch", "shards", "digest")}, "elastic": elastic}
+    pinned = {
+        "seed": saved["seed"], "epoch": saved["epoch"], "shards": len(urls),
+        "digest": _digest(urls), "elastic": elastic,
+    }  # fmt: skip
     reading.drop_loaded()
     splitter.resume_elastic(pinned)
     return pipe
@@ -167,11 +170,15 @@ def _pipe_state(snapshot: Mapping[str, Any]) -> Any:
 
 
 def _saved_split(ranks: list[list[Mapping[str, Any]]], splitter: ShardSplitter) -> dict[str, Any]:
-    """The split every saved worker used (they must agree), checked against ``splitter``."""
+    """The split every saved worker used (they must agree), checked against ``splitter``.
+
+    Workers that had not begun their epoch saved only its seed and number.
+    """
     splits = [_split_of(worker) for workers in ranks for worker in workers]
-    first = splits[0]
+    begun = [split for split in splits if "workers" in split] or splits
+    first = begun[0]
     keys = ("seed", "epoch", "shards", "digest", "workers", "even")
-    for other in splits[1:]:
+    for other in begun[1:]:
         if any(other.get(k) != first.get(k) for k in keys):
             msg = "the states were saved in different epochs or splits: give one checkpoint's"
             raise ValueError(msg)
@@ -183,8 +190,8 @@ def _saved_split(ranks: list[list[Mapping[str, Any]]], splitter: ShardSplitter) 
 
 def _split_of(worker: Mapping[str, Any]) -> Mapping[str, Any]:
     found = worker.get("splitters")
-    if not isinstance(found, list) or len(found) != 1 or "workers" not in found[0]:
-        msg = f"not a state of a worker that began its epoch: {str(worker)[:200]}"
+    if not isinstance(found, list) or len(found) != 1 or "epoch" not in found[0]:
+        msg = f"not a state of a worker reading shards: {str(worker)[:200]}"
         raise ValueError(msg)
     split: Mapping[str, Any] = found[0]
     return split
@@ -200,16 +207,14 @@ class _Plan:
         saved: Mapping[str, Any],
         ranges_of: Any,
     ) -> None:
-        from shardpipes.pipes.shards import _digest  # the shard list's fingerprint
-
-        if (len(urls), _digest(urls)) != (saved["shards"], saved["digest"]):
+        if "digest" in saved and (len(urls), _digest(urls)) != (saved["shards"], saved["digest"]):
             msg = (
                 f"the state was saved for another shard list ({saved['shards']} shards, digest "
                 f"{saved['digest']}; this pipe lists {len(urls)}, digest {_digest(urls)})"
             )
             raise ValueError(msg)
         self.splitter, self.urls, self.saved, self.ranges_of = splitter, urls, saved, ranges_of
-        self.total = int(saved["workers"])
+        self.total = int(saved.get("workers", 1))  # none had begun: the epoch from its start
         counts = None
         if saved.get("even"):
             counts = [len(ranges_of(url) or ()) for url in urls]
@@ -240,35 +245,47 @@ class _Plan:
     def left(
         self, ranks: list[list[Mapping[str, Any]]], *, buffer: tuple[int, int | None]
     ) -> list[ShardPart]:
-        """What every old worker left, in global worker order."""
+        """What every old worker left, in global worker order.
+
+        A worker that had not begun (its loader had not asked it yet) left all its parts.
+        """
         states: dict[int, Mapping[str, Any]] = {}
         for workers in ranks:
             for worker in workers:
-                states[int(_split_of(worker)["worker"])] = worker
-        missing = [w for w in range(self.total) if w not in states]
-        if not missing:
+                split = _split_of(worker)
+                if "workers" in split:
+                    states[int(split["worker"])] = worker
+        given = sum(len(workers) for workers in ranks)
+        if given == self.total or not states:  # every worker's state (or nothing begun)
             return [
                 unit
                 for w in range(self.total)
-                for unit in left_over(self.parts(w), states[w]["position"], self.ranges_of)
+                for unit in left_over(
+                    self.parts(w), states[w]["position"] if w in states else None, self.ranges_of
+                )
             ]
-        return self._replayed(states, missing, buffer)
+        return self._replayed(ranks, states, buffer)
 
     def _replayed(
         self,
+        ranks: list[list[Mapping[str, Any]]],
         states: Mapping[int, Mapping[str, Any]],
-        missing: list[int],
         buffer: tuple[int, int | None],
     ) -> list[ShardPart]:
-        """With one rank's states and the even split: the others' found by replaying."""
+        """With one rank's states and the even split: the others' found by replaying.
+
+        Global worker ``w`` is worker ``w // world`` of rank ``w % world``: every rank's
+        worker of one id delivered as many samples.
+        """
+        missing = self.total - sum(len(workers) for workers in ranks)
         if not self.saved.get("even"):
             msg = (
-                f"the states of {len(missing)} of {self.total} workers are missing: without "
+                f"the states of {missing} of {self.total} workers are missing: without "
                 "even=True each rank delivers its own count, so give every rank's state (a "
                 "list), or split with even=True"
             )
             raise ValueError(msg)
-        per_rank = len(states)  # this rank's workers: global worker = id * ranks + rank
+        per_rank = len(ranks[0])  # a rank's loader workers
         if self.total % per_rank:
             msg = f"{per_rank} worker states do not make a rank of {self.total} workers"
             raise ValueError(msg)
@@ -281,7 +298,7 @@ class _Plan:
                 "give every rank's state (a list)"
             )
             raise ValueError(msg)
-        delivered: dict[int, int] = {}
+        delivered = dict.fromkeys(range(per_rank), 0)  # by worker id; not begun: none
         left: dict[int, list[ShardPart]] = {}
         for w, state in states.items():
             parts = self.parts(w)
@@ -294,8 +311,9 @@ class _Plan:
                     "samples skipped by an error handler?): give every rank's state (a list)"
                 )
                 raise ValueError(msg)
-        for w in missing:
-            left[w] = self._replay(w, self.parts(w), delivered[w // world], size, base)
+        for w in range(self.total):
+            if w not in left:
+                left[w] = self._replay(w, self.parts(w), delivered[w // world], size, base)
         return [unit for w in range(self.total) for unit in left[w]]
 
     def _replay(

@@ -167,3 +167,19 @@ def test_replay_gives_the_runs_own_position() -> None:
     rest = left_over(parts, position, ranges.get)
     assert sum(u.stop - u.start for u in rest) == 10 - 3
     assert [u.url for u in share(rest, 2, 0)] + [u.url for u in share(rest, 2, 1)]
+
+
+def test_workers_that_had_not_begun_left_everything(data: Dataset) -> None:
+    """Stopped after one batch (the second worker not asked yet), or before any batch."""
+    loader = StatefulDataLoader(recipe(data), batch_size=4, num_workers=2)
+    batches = iter(loader)
+    before = keys_of([next(batches)])
+    state = loader.state_dict()
+    del batches
+    after = resumed_on(data, state, 2)
+    check_once(data, before, flat(after), dropped_at_most=2 + 2)
+    assert len(flat(after)) >= len(data.keys) - len(before) - 2 - 2
+    untouched = StatefulDataLoader(recipe(data), batch_size=4, num_workers=2)
+    iter(untouched)
+    after = resumed_on(data, untouched.state_dict(), 3)
+    check_once(data, [], flat(after), dropped_at_most=3)
