@@ -15,14 +15,18 @@ samples gives (1.0: as random as a perfect shuffle):
   which this sees.
 
 Rows: ``shardpipes`` (``tar_shards(..., buffer_size=B)``: shard order shuffled, a buffer of
-``B`` samples per worker) and ``webdataset`` 1.0.2 (``WebDataset(urls, shardshuffle=100)
-.shuffle(B)``), for ``B`` in 1,000 and 5,000 (10 % and 50 % of the data, 20 % and 100 % of
-a worker's). Writes ``results/shuffle_quality.{md,json}``.
+``B`` samples per worker), ``shardpipes block_shuffle=16`` (every shard cut into blocks of
+16 samples, dealt to the workers at random: see ``split_blocks``), and ``webdataset`` 1.0.2
+(``WebDataset(urls, shardshuffle=100).shuffle(B)``), for ``B`` in 500, 1,000 and 5,000
+(10 %, 20 % and 100 % of a worker's 5,000 samples). Memory: the buffer holds ``B``
+undecoded samples per worker in every row; blocks add no buffer, one ranged read each.
+Writes ``results/shuffle_quality.{md,json}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import math
@@ -88,14 +92,17 @@ def iid_entropy(rounds: int = 200) -> float:
     return statistics.fmean(values)
 
 
-def shardpipes_epochs(paths: list[str], buffer: int) -> Iterator[list[tuple[int, int]]]:
+def shardpipes_epochs(
+    paths: list[str], buffer: int, blocks: int | None = None
+) -> Iterator[list[tuple[int, int]]]:
     from torch.utils.data import DataLoader
 
     import shardpipes as sp
 
     pipe = sp.recipes.tar_shards(
-        paths, fields=("__key__", "cls"), buffer_size=buffer, seed=7, batch_size=BATCH
-    )
+        paths, fields=("__key__", "cls"), buffer_size=buffer, seed=7, batch_size=BATCH,
+        block_shuffle=blocks,
+    )  # fmt: skip
     loader = DataLoader(pipe, batch_size=None, num_workers=WORKERS)
     for _ in range(EPOCHS):
         order = []
@@ -124,13 +131,14 @@ def webdataset_epochs(paths: list[str], buffer: int) -> Iterator[list[tuple[int,
 
 ROWS: dict[str, Callable[[list[str], int], Iterator[list[tuple[int, int]]]]] = {
     "shardpipes": shardpipes_epochs,
+    "shardpipes block_shuffle=16": functools.partial(shardpipes_epochs, blocks=16),
     "webdataset": webdataset_epochs,
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--buffers", default="1000,5000")
+    parser.add_argument("--buffers", default="500,1000,5000")
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--out", default=str(HERE / "results" / "shuffle_quality"))
     args = parser.parse_args()

@@ -31,7 +31,6 @@ from shardpipes._core.split import ShardPart, assign_even, part_samples
 __all__ = [
     "buffer_seed_of",
     "left_over",
-    "part_indices",
     "replay",
     "share",
     "size_of",
@@ -47,13 +46,6 @@ def buffer_seed_of(base: int, epoch: int, worker: int) -> int:
     """The seed of global worker ``worker``'s shuffle buffer in ``epoch``, from ``base``."""
     digest = hashlib.sha256(f"buffer:{base}:{epoch}:{worker}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
-
-
-def part_indices(part: ShardPart, n_samples: int) -> range:
-    """The indices of the samples ``part`` holds, in a shard of ``n_samples`` read by range."""
-    if part.parts == 1:
-        return range(n_samples)[part.start : part.stop]
-    return part_samples(n_samples, part)
 
 
 def size_of(part: ShardPart) -> int | None:
@@ -108,7 +100,7 @@ def _ranges(url: str, ranges_of: RangesOf, what: str) -> Ranges:
 def _rest(part: ShardPart, offset: int, index: int, ranges_of: RangesOf) -> list[ShardPart]:
     """The samples of ``part`` from shard index ``index`` (at byte ``offset``) on."""
     ranges = _ranges(part.url, ranges_of, "the part being read")
-    mine = part_indices(part, len(ranges))
+    mine = part_samples(len(ranges), part)
     if index >= mine.stop:
         return []
     if index < mine.start or ranges[index][0] != offset:
@@ -162,7 +154,7 @@ class _References:
     ) -> Iterator[Any]:
         part = item if isinstance(item, ShardPart) else ShardPart(item)
         ranges = _ranges(part.url, self.ranges_of, "a part replayed")
-        mine = part_indices(part, len(ranges))
+        mine = part_samples(len(ranges), part)
         sample: Sample = {"__url__": part.url}
         for i in range(at[1] if at is not None else mine.start, mine.stop):
             yield Located(sample, ranges[i][0], ranges[i][1], i)

@@ -104,7 +104,7 @@ def _batches(n: int, size: int, drop_last: bool) -> int:
 
 def split_samples(stage: Any, source: Any, total: int, worker: int) -> int:
     """Samples the ``split_shards`` stage ``source`` gives ``worker`` of ``total`` to read."""
-    from shardpipes._core.split import part_samples, split_plan
+    from shardpipes._core.split import part_samples
     from shardpipes.pipes.shards import ShardSplitter
 
     if not isinstance(source, ShardSplitter):
@@ -118,10 +118,9 @@ def split_samples(stage: Any, source: Any, total: int, worker: int) -> int:
             "shard order, from the DataLoader's seed: give split_shards (or the recipe) a "
             "seed=, or even=True, for an exact len()",
         )
-    parts = split_plan(
-        urls, shuffle=source.shuffle_shards, seed=source.order_seed(), epoch=source.epoch,
-        num_workers=total, worker_id=worker, counts=counts if source.even else None,
-    )  # fmt: skip
+    parts = source.split(
+        urls, counts, seed=source.order_seed(), epoch=source.epoch, total=total, worker=worker
+    )
     by_url = dict(zip(urls, counts, strict=True))
     return sum(len(part_samples(by_url[part.url], part)) for part in parts)
 

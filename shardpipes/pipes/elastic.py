@@ -20,7 +20,7 @@ from shardpipes._core.elastic import (
     unit_from_list,
     unit_to_list,
 )
-from shardpipes._core.split import ShardPart, SplitPlanner
+from shardpipes._core.split import ShardPart, SplitPlanner, split_blocks
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, readings
 from shardpipes.pipes.index import sample_count
 from shardpipes.pipes.resumable import Resumable, mixers
@@ -182,6 +182,12 @@ def _saved_split(ranks: list[list[Mapping[str, Any]]], splitter: ShardSplitter) 
         if any(other.get(k) != first.get(k) for k in keys):
             msg = "the states were saved in different epochs or splits: give one checkpoint's"
             raise ValueError(msg)
+    blocks = splitter.block_shuffle if splitter.shuffle_shards else None
+    if "workers" in first and first.get("blocks") != blocks:
+        msg = (
+            f"the state was saved with block_shuffle={first.get('blocks')}; this pipe has {blocks}"
+        )
+        raise ValueError(msg)
     if first.get("even", splitter.even) != splitter.even:
         msg = f"the state was saved with even={first['even']}; this pipe has even={splitter.even}"
         raise ValueError(msg)
@@ -232,7 +238,16 @@ class _Plan:
 
             units = [unit_from_list(u, self.urls) for u in self.elastic["units"]]
             return [self._spanned(p) for p in share(units, self.total, worker)]
-        return [self._spanned(p) for p in self.planner.plan(1, 0, self.total, worker)]
+        if self.saved.get("blocks"):
+            counts = [len(self.ranges_of(url) or ()) for url in self.urls]
+            parts = split_blocks(
+                self.urls, counts, self.saved["blocks"], seed=self.saved["seed"],
+                epoch=self.saved["epoch"], total=self.total, worker=worker,
+                even=bool(self.saved.get("even")),
+            )  # fmt: skip
+        else:
+            parts = self.planner.plan(1, 0, self.total, worker)
+        return [self._spanned(p) for p in parts]
 
     def _spanned(self, part: ShardPart) -> ShardPart:
         if part.span is not None or part.stop is None or part.parts != 1:

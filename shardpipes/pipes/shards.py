@@ -19,7 +19,7 @@ from shardpipes import fs
 from shardpipes._core.braces import expand_braces
 from shardpipes._core.elastic import share, unit_from_list
 from shardpipes._core.epochs import EpochCounter
-from shardpipes._core.split import ShardPart, global_worker, split_plan
+from shardpipes._core.split import ShardPart, global_worker, split_blocks, split_plan
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import NoShardsError, ShardNotFoundError
 from shardpipes.pipes.index import Ranges, sample_count
@@ -215,7 +215,13 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         seed: Fixed seed for the permutation.
         even: Split so that every worker reads the same number of samples.
         storage_options: Passed to the filesystem when reading indexes (``even``).
-        index: Index URLs by shard URL, where not the ``URL.idx`` sidecar (``even``).
+        index: Index URLs by shard URL, where not the ``URL.idx`` sidecar (``even``,
+            ``block_shuffle``).
+        block_shuffle: With ``shuffle``, cut every shard into blocks of this many samples,
+            permute the blocks of all shards by ``(seed, epoch)`` and deal them to the
+            workers (:func:`~shardpipes._core.split.split_blocks`): every worker reads from
+            every shard, so a small shuffle buffer mixes shards written in class order.
+            Needs each shard's sample count, like ``even``, and uncompressed shards.
 
     Raises:
         ValueError: When iterated with ``even=True``, if there are fewer samples than
@@ -238,6 +244,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         even: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         index: Mapping[str, str] | None = None,
+        block_shuffle: int | None = None,
     ) -> None:
         if seed is not None and not isinstance(seed, int):
             msg = f"seed must be an integer or None (got {seed!r})"
@@ -249,6 +256,14 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self.shuffle_shards = shuffle
         self.seed = seed
         self.even = bool(even)
+        if block_shuffle is not None and (
+            isinstance(block_shuffle, bool)
+            or not isinstance(block_shuffle, int)
+            or block_shuffle < 1
+        ):
+            msg = f"block_shuffle must be None or an int of at least 1 (got {block_shuffle!r})"
+            raise ValueError(msg)
+        self.block_shuffle = block_shuffle
         self.storage_options = dict(storage_options or {})
         self.index = dict(index or {})
         self._epochs = EpochCounter()  # shared with this pipe's DataLoader workers
@@ -322,6 +337,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             "workers": total, "worker": worker, "even": self.even,
             "shuffle": self.shuffle_shards,
         }  # fmt: skip
+        if self.block_shuffle is not None and self.shuffle_shards:
+            used["blocks"] = self.block_shuffle
         elastic: Mapping[str, Any] | None = None
         if self._elastic is not None and self._elastic["epoch"] == epoch:
             elastic = self._elastic
@@ -337,13 +354,47 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             units = [unit_from_list(u, urls) for u in elastic["elastic"]["units"]]
             parts = share(units, total, worker)
         else:
-            counts = [self._count(url) for url in urls] if self.even else None
-            parts = split_plan(
-                urls, shuffle=self.shuffle_shards, seed=seed, epoch=epoch,
-                num_workers=total, worker_id=worker, counts=counts,
-            )  # fmt: skip
+            counted = self.even or "blocks" in used
+            counts = [self._count(url) for url in urls] if counted else None
+            if "blocks" in used:
+                self._check_ranged(urls)
+            parts = self.split(urls, counts, seed=seed, epoch=epoch, total=total, worker=worker)
         self._used = used
-        return [self._span(part) for part in parts] if self.even else parts
+        return [self._span(part) for part in parts] if self.even or "blocks" in used else parts
+
+    def split(
+        self,
+        urls: list[str],
+        counts: list[int] | None,
+        *,
+        seed: int,
+        epoch: int,
+        total: int,
+        worker: int,
+    ) -> list[ShardPart]:
+        """Worker ``worker`` of ``total``'s parts, the split this stage makes (no byte spans).
+
+        ``counts`` (the shards' sample counts) are needed with ``even`` or ``block_shuffle``.
+        """
+        if self.block_shuffle is not None and self.shuffle_shards:
+            assert counts is not None
+            return split_blocks(
+                urls, counts, self.block_shuffle, seed=seed, epoch=epoch, total=total,
+                worker=worker, even=self.even,
+            )  # fmt: skip
+        return split_plan(
+            urls, shuffle=self.shuffle_shards, seed=seed, epoch=epoch, num_workers=total,
+            worker_id=worker, counts=counts if self.even else None,
+        )  # fmt: skip
+
+    def _check_ranged(self, urls: list[str]) -> None:
+        for url in urls:
+            if isinstance(self._counts[url], int):
+                msg = (
+                    f"{url}: block_shuffle reads blocks by byte range, which a compressed "
+                    "shard cannot give: use uncompressed .tar shards, or block_shuffle=None"
+                )
+                raise ValueError(msg)
 
     def resume_elastic(self, state: Mapping[str, Any]) -> None:
         """Make the next iteration the rest of an epoch (see ``shardpipes.resume_from``).
@@ -480,6 +531,12 @@ def _check_state(
         msg = (
             f"the state was saved in epoch {saved['epoch']}; this pipe was set to epoch "
             f"{now['epoch']} (set_epoch): set the epoch the checkpoint was taken in"
+        )
+        raise ValueError(msg)
+    if saved.get("blocks") != now.get("blocks") and "workers" in saved:
+        msg = (
+            f"the state was saved with block_shuffle={saved.get('blocks')}; this pipe reads "
+            f"with block_shuffle={now.get('blocks')}"
         )
         raise ValueError(msg)
     if saved.get("even", now["even"]) != now["even"]:
