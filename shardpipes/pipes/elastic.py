@@ -6,6 +6,7 @@ See :mod:`shardpipes._core.elastic` for how what is left is found and dealt out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
@@ -16,13 +17,16 @@ from shardpipes._core.elastic import (
     buffer_seed_of,
     left_over,
     replay,
+    share,
     size_of,
     unit_from_list,
     unit_to_list,
 )
+from shardpipes._core.mixing import replay_draws
 from shardpipes._core.split import ShardPart, SplitPlanner, split_blocks
-from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, readings
+from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, reading_of, readings
 from shardpipes.pipes.index import sample_count
+from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Resumable, mixers
 from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
 
@@ -54,16 +58,17 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
 
     Args:
         pipe: The pipeline (a recipe, a chain, or ``Resumable`` of one), with one reading
-            stage and no ``mix``.
+            stage, or a ``mix`` of several (not with ``epoch_size`` or ``resample``): each
+            source's rest is dealt out, and the new workers draw from them by weight.
         state: One rank's state, or a list of every rank's.
 
     Returns:
         ``pipe``, set to resume.
 
     Raises:
-        ValueError: If the state is not one of this pipeline's, the pipeline mixes
-            sources, or one rank's state is given without ``even=True`` or without a fixed
-            seed for the shuffle buffer.
+        ValueError: If the state is not one of this pipeline's, a mix has an
+            ``epoch_size`` or ``resample``, or one rank's state is given without
+            ``even=True`` or without a fixed seed for the shuffle buffer.
 
     Example:
         >>> import shardpipes as sp  # doctest: +SKIP
@@ -74,62 +79,90 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     if not isinstance(target, IterDataPipe):
         msg = f"resume_from takes a shardpipes pipeline (got {type(pipe).__name__})"
         raise TypeError(msg)
-    reading, splitter = _stages(target)
-    ranks = _rank_states(state)
-    saved = _saved_split(ranks, splitter)
-    urls = list(iter(splitter.source_datapipe))
-    counts: dict[str, Any] = {}
-
-    def ranges_of(url: str) -> Any:
-        if url not in counts:
-            counts[url] = sample_count(url, splitter.storage_options, splitter.index.get(url))
-        found = counts[url]
-        return None if isinstance(found, int) else found
-
-    plan = _Plan(splitter, urls, saved, ranges_of)
-    units = plan.left(ranks, buffer=_buffer(target, splitter))
-    index = {url: i for i, url in enumerate(urls)}
-    elastic = {
-        "epoch": saved["epoch"],
-        "seed": saved["seed"],
-        "units": [unit_to_list(unit, index) for unit in units],
-    }
-    pinned = {
-        "seed": saved["seed"], "epoch": saved["epoch"], "shards": len(urls),
-        "digest": _digest(urls), "elastic": elastic,
-    }  # fmt: skip
-    reading.drop_loaded()
-    splitter.resume_elastic(pinned)
+    found, mixer = _stages(target)
+    ranks = _rank_states(state, len(found))
+    plans = []
+    for i, (reading, splitter) in enumerate(found):
+        stage_ranks = [[worker.stages[i] for worker in workers] for workers in ranks]
+        plans.append(_Plan(splitter, stage_ranks, _buffer(target, reading, splitter)))
+    delivered = _Delivered(plans, ranks, mixer)
+    for (reading, splitter), plan in zip(found, plans, strict=True):
+        units = plan.left(delivered)
+        index = {url: i for i, url in enumerate(plan.urls)}
+        saved = plan.saved
+        elastic = {
+            "epoch": saved["epoch"],
+            "seed": saved["seed"],
+            "units": [unit_to_list(unit, index) for unit in units],
+        }
+        pinned = {
+            "seed": saved["seed"], "epoch": saved["epoch"], "shards": len(plan.urls),
+            "digest": _digest(plan.urls), "elastic": elastic,
+        }  # fmt: skip
+        reading.drop_loaded()
+        splitter.resume_elastic(pinned)
+    if mixer is not None:
+        mixer.drop_loaded()
+        mixer.resume_epoch(plans[0].saved["epoch"])
     return pipe
 
 
-def _stages(pipe: IterDataPipe[Any]) -> tuple[ShardReading, ShardSplitter]:
-    if mixers(pipe):
+def _stages(
+    pipe: IterDataPipe[Any],
+) -> tuple[list[tuple[ShardReading, ShardSplitter]], Mixer | None]:
+    """The reading stages with their splitters (in the state's order), and the mix, if any."""
+    mixes = mixers(pipe)
+    if len(mixes) > 1:
+        msg = "resume_from resumes at most one mix on another topology"
+        raise ValueError(msg)
+    mixer = mixes[0] if mixes else None
+    if mixer is not None and (mixer.epoch_size is not None or mixer.resample):
         msg = (
-            "resume_from cannot yet resume a mix on another topology: resume it on the same "
-            "number of ranks and workers (load_state_dict)"
+            "resume_from cannot yet resume a mix with epoch_size= or resample=True on another "
+            "topology: resume it on the same number of ranks and workers (load_state_dict)"
         )
         raise ValueError(msg)
-    found, stages = readings(pipe), splitters(pipe)
-    if len(found) != 1 or len(stages) != 1:
+    found = []
+    for reading in readings(pipe):
+        stages = splitters(reading.source)
+        if len(stages) != 1:
+            msg = (
+                "resume_from needs one split_shards stage under each reading stage (found "
+                f"{len(stages)})"
+            )
+            raise ValueError(msg)
+        found.append((reading, stages[0]))
+    if not found or (mixer is None and len(found) != 1):
         msg = (
-            f"resume_from needs a pipeline with one reading stage and one split_shards stage "
-            f"(this one has {len(found)} and {len(stages)})"
+            f"resume_from needs a pipeline with one reading stage, or a mix of them (this one "
+            f"has {len(found)})"
         )
         raise ValueError(msg)
-    return found[0], stages[0]
+    return found, mixer
 
 
-def _rank_states(state: Any) -> list[list[Mapping[str, Any]]]:
-    """Each rank's workers' reading states, from loader or pipe states."""
+@dataclass
+class _Worker:
+    """One saved worker: its reading stages' states, and its mix's."""
+
+    stages: list[Mapping[str, Any]]
+    mix: Mapping[str, Any] | None
+
+
+def _rank_states(state: Any, stages: int) -> list[list[_Worker]]:
+    """Each rank's workers (in worker id order), from loader or pipe states."""
     given = [state] if isinstance(state, Mapping) else state
     if not isinstance(given, Sequence) or isinstance(given, str) or not given:
         msg = f"{_HOW} (got {type(state).__name__})"
         raise TypeError(msg)
-    return [_worker_states(one) for one in given]
+    ranks = [_worker_states(one, stages) for one in given]
+    if len({len(workers) for workers in ranks}) != 1:
+        msg = "the ranks' states have different numbers of DataLoader workers"
+        raise ValueError(msg)
+    return ranks
 
 
-def _worker_states(state: Any) -> list[Mapping[str, Any]]:
+def _worker_states(state: Any, stages: int) -> list[_Worker]:
     if not isinstance(state, Mapping):
         msg = f"{_HOW} (got a list holding {type(state).__name__})"
         raise TypeError(msg)
@@ -144,13 +177,14 @@ def _worker_states(state: Any) -> list[Mapping[str, Any]]:
     out = []
     for one in pipes:
         if isinstance(one, Mapping) and "position" in one:  # a reading's own (a recipe's)
-            out.append(one)
+            out.append(_Worker([one], None))
             continue
-        stages = one.get("stages") if isinstance(one, Mapping) else None
-        if one.get("version") != VERSION or not isinstance(stages, list) or len(stages) != 1:
-            msg = f"not a state of a pipeline with one reading stage: {str(one)[:200]}"
+        found = one.get("stages") if isinstance(one, Mapping) else None
+        if one.get("version") != VERSION or not isinstance(found, list) or len(found) != stages:
+            msg = f"not a state of this pipeline ({stages} reading stages): {str(one)[:200]}"
             raise ValueError(msg)
-        out.append(stages[0])
+        mixes = one.get("mixes") or [None]
+        out.append(_Worker(list(found), mixes[0]))
     return out
 
 
@@ -204,50 +238,74 @@ def _split_of(worker: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class _Plan:
-    """Every old worker's parts, and what each left."""
+    """One source's old workers: their parts, and what each left."""
 
     def __init__(
         self,
         splitter: ShardSplitter,
-        urls: list[str],
-        saved: Mapping[str, Any],
-        ranges_of: Any,
+        ranks: list[list[Mapping[str, Any]]],
+        buffer: tuple[int, int | None],
     ) -> None:
+        saved = _saved_split(ranks, splitter)
+        urls = list(iter(splitter.source_datapipe))
         if "digest" in saved and (len(urls), _digest(urls)) != (saved["shards"], saved["digest"]):
             msg = (
                 f"the state was saved for another shard list ({saved['shards']} shards, digest "
                 f"{saved['digest']}; this pipe lists {len(urls)}, digest {_digest(urls)})"
             )
             raise ValueError(msg)
-        self.splitter, self.urls, self.saved, self.ranges_of = splitter, urls, saved, ranges_of
+        self.splitter, self.urls, self.saved, self.buffer = splitter, urls, saved, buffer
+        self._counts: dict[str, Any] = {}
         self.total = int(saved.get("workers", 1))  # none had begun: the epoch from its start
+        self.per_rank = len(ranks[0])  # a rank's loader workers
+        self.given = sum(len(workers) for workers in ranks)
+        self.states: dict[int, Mapping[str, Any]] = {}  # the begun workers', by global index
+        for workers in ranks:
+            for worker in workers:
+                split = _split_of(worker)
+                if "workers" in split:
+                    self.states[int(split["worker"])] = worker
         counts = None
         if saved.get("even"):
-            counts = [len(ranges_of(url) or ()) for url in urls]
-        planner = SplitPlanner(
+            counts = [len(self.ranges_of(url) or ()) for url in urls]
+        self.planner = SplitPlanner(
             urls, shuffle=saved.get("shuffle", splitter.shuffle_shards), seed=saved["seed"],
             epoch=saved["epoch"], counts=counts,
         )  # fmt: skip
-        self.planner = planner
         self.elastic = saved.get("elastic")
+        self._parts: dict[int, list[ShardPart]] = {}
+
+    def ranges_of(self, url: str) -> Any:
+        """A shard's sample ranges (``None``: compressed), read once."""
+        if url not in self._counts:
+            options, index = self.splitter.storage_options, self.splitter.index.get(url)
+            self._counts[url] = sample_count(url, options, index)
+        found = self._counts[url]
+        return None if isinstance(found, int) else found
+
+    @property
+    def complete(self) -> bool:
+        """Whether every old worker's state was given (else: replay the missing ones)."""
+        return self.given == self.total or not self.states
 
     def parts(self, worker: int) -> list[ShardPart]:
         """Global worker ``worker``'s parts in the saved epoch, in reading order."""
-        if self.elastic is not None:  # itself the rest of an epoch resumed elsewhere
-            from shardpipes._core.elastic import share
+        if worker not in self._parts:
+            self._parts[worker] = [self._spanned(p) for p in self._plan(worker)]
+        return self._parts[worker]
 
+    def _plan(self, worker: int) -> list[ShardPart]:
+        if self.elastic is not None:  # itself the rest of an epoch resumed elsewhere
             units = [unit_from_list(u, self.urls) for u in self.elastic["units"]]
-            return [self._spanned(p) for p in share(units, self.total, worker)]
+            return share(units, self.total, worker)
         if self.saved.get("blocks"):
             counts = [len(self.ranges_of(url) or ()) for url in self.urls]
-            parts = split_blocks(
+            return split_blocks(
                 self.urls, counts, self.saved["blocks"], seed=self.saved["seed"],
                 epoch=self.saved["epoch"], total=self.total, worker=worker,
                 even=bool(self.saved.get("even")),
             )  # fmt: skip
-        else:
-            parts = self.planner.plan(1, 0, self.total, worker)
-        return [self._spanned(p) for p in parts]
+        return self.planner.plan(1, 0, self.total, worker)
 
     def _spanned(self, part: ShardPart) -> ShardPart:
         if part.span is not None or part.stop is None or part.parts != 1:
@@ -257,55 +315,18 @@ class _Plan:
             return part
         return part._replace(span=(ranges[part.start][0], ranges[part.stop - 1][1]))
 
-    def left(
-        self, ranks: list[list[Mapping[str, Any]]], *, buffer: tuple[int, int | None]
-    ) -> list[ShardPart]:
-        """What every old worker left, in global worker order.
+    def saved_left(self, worker: int) -> list[ShardPart]:
+        """What a worker whose state was given left (all, if it had not begun)."""
+        state = self.states.get(worker)
+        return left_over(self.parts(worker), state and state["position"], self.ranges_of)
 
-        A worker that had not begun (its loader had not asked it yet) left all its parts.
-        """
-        states: dict[int, Mapping[str, Any]] = {}
-        for workers in ranks:
-            for worker in workers:
-                split = _split_of(worker)
-                if "workers" in split:
-                    states[int(split["worker"])] = worker
-        given = sum(len(workers) for workers in ranks)
-        if given == self.total or not states:  # every worker's state (or nothing begun)
-            return [
-                unit
-                for w in range(self.total)
-                for unit in left_over(
-                    self.parts(w), states[w]["position"] if w in states else None, self.ranges_of
-                )
-            ]
-        return self._replayed(ranks, states, buffer)
+    def delivered(self, worker: int) -> int:
+        """Samples a worker whose state was given delivered."""
+        return _count(self.parts(worker)) - _count(self.saved_left(worker))
 
-    def _replayed(
-        self,
-        ranks: list[list[Mapping[str, Any]]],
-        states: Mapping[int, Mapping[str, Any]],
-        buffer: tuple[int, int | None],
-    ) -> list[ShardPart]:
-        """With one rank's states and the even split: the others' found by replaying.
-
-        Global worker ``w`` is worker ``w // world`` of rank ``w % world``: every rank's
-        worker of one id delivered as many samples.
-        """
-        missing = self.total - sum(len(workers) for workers in ranks)
-        if not self.saved.get("even"):
-            msg = (
-                f"the states of {missing} of {self.total} workers are missing: without "
-                "even=True each rank delivers its own count, so give every rank's state (a "
-                "list), or split with even=True"
-            )
-            raise ValueError(msg)
-        per_rank = len(ranks[0])  # a rank's loader workers
-        if self.total % per_rank:
-            msg = f"{per_rank} worker states do not make a rank of {self.total} workers"
-            raise ValueError(msg)
-        world = self.total // per_rank
-        size, base = buffer
+    def replayed_left(self, worker: int, delivered: int) -> list[ShardPart]:
+        """What a worker left after delivering ``delivered`` samples, by replaying it."""
+        size, base = self.buffer
         if size >= 2 and base is None:
             msg = (
                 "one rank's state gives the other ranks' positions only by replaying their "
@@ -313,30 +334,94 @@ class _Plan:
                 "give every rank's state (a list)"
             )
             raise ValueError(msg)
-        delivered = dict.fromkeys(range(per_rank), 0)  # by worker id; not begun: none
-        left: dict[int, list[ShardPart]] = {}
-        for w, state in states.items():
-            parts = self.parts(w)
-            left[w] = left_over(parts, state["position"], self.ranges_of)
-            delivered[w // world] = _count(parts) - _count(left[w])
-            again = self._replay(w, parts, delivered[w // world], size, base)
-            if _samples(again) != _samples(left[w]):
-                msg = (
-                    "this rank's saved positions differ from a replay of its epoch (were "
-                    "samples skipped by an error handler?): give every rank's state (a list)"
-                )
-                raise ValueError(msg)
-        for w in range(self.total):
-            if w not in left:
-                left[w] = self._replay(w, self.parts(w), delivered[w // world], size, base)
-        return [unit for w in range(self.total) for unit in left[w]]
-
-    def _replay(
-        self, worker: int, parts: list[ShardPart], delivered: int, size: int, base: int | None
-    ) -> list[ShardPart]:
         seed = buffer_seed_of(base, self.saved["epoch"], worker) if base is not None else 0
+        parts = self.parts(worker)
         position = replay(parts, self.ranges_of, buffer_size=size, seed=seed, delivered=delivered)
         return left_over(parts, position, self.ranges_of)
+
+    def left(self, delivered: _Delivered) -> list[ShardPart]:
+        """What every old worker left, in global worker order.
+
+        A worker that had not begun (its loader had not asked it yet) left all its parts;
+        one whose state is missing is replayed (see :class:`_Delivered`).
+        """
+        out = []
+        for w in range(self.total):
+            if self.complete or w in self.states:
+                out += self.saved_left(w)
+            else:
+                out += self.replayed_left(w, delivered.of(self, w))
+        return out
+
+
+class _Delivered:
+    """How many samples of each source the old workers delivered, where states are missing.
+
+    With one rank's states and the even split: global worker ``w`` is worker ``w //
+    world`` of rank ``w % world``, and every rank's worker of one id delivered as many
+    samples (batches in turn from each worker, in lockstep over the ranks). Through a mix,
+    the split of those among the sources is the replay of the mix's draws. This rank's
+    saved positions are checked against replays first.
+    """
+
+    def __init__(self, plans: list[_Plan], ranks: list[list[_Worker]], mixer: Mixer | None):
+        self.plans, self.mixer = plans, mixer
+        first = plans[0]
+        self.world = first.total // first.per_rank if first.total % first.per_rank == 0 else 0
+        self.mixed: dict[int, int] = {}  # through a mix: samples yielded, by worker id
+        if mixer is not None:
+            for workers in ranks:
+                for k, worker in enumerate(workers):
+                    self.mixed[k] = int((worker.mix or {}).get("yielded", 0))
+        self._checked = False
+
+    def of(self, plan: _Plan, worker: int) -> int:
+        """Samples of ``plan``'s source that global worker ``worker`` delivered."""
+        if not plan.saved.get("even"):
+            missing = plan.total - plan.given
+            msg = (
+                f"the states of {missing} of {plan.total} workers are missing: without "
+                "even=True each rank delivers its own count, so give every rank's state (a "
+                "list), or split with even=True"
+            )
+            raise ValueError(msg)
+        if not self.world:
+            msg = f"{plan.per_rank} worker states do not make a rank of {plan.total} workers"
+            raise ValueError(msg)
+        if not self._checked:
+            self._check()
+            self._checked = True
+        return self._counts(worker)[self.plans.index(plan)]
+
+    def _counts(self, worker: int) -> list[int]:
+        """Each source's samples delivered by ``worker`` (one source: without a mix)."""
+        k = worker // self.world
+        if self.mixer is None:
+            plan = self.plans[0]
+            own = [w for w in plan.states if w // self.world == k]
+            return [plan.delivered(own[0]) if own else 0]
+        available = {
+            name: _count(plan.parts(worker))
+            for name, plan in zip(self.mixer.sources, self.plans, strict=True)
+        }
+        got = replay_draws(
+            self.mixer.weights, self.mixer.draw_seed(self.plans[0].saved["epoch"], worker),
+            available, self.mixed.get(k, 0),
+        )  # fmt: skip
+        return [got[name] for name in self.mixer.sources]
+
+    def _check(self) -> None:
+        """This rank's saved positions must be what replaying its workers gives."""
+        for i, plan in enumerate(self.plans):
+            for w in plan.states:
+                again = plan.replayed_left(w, self._counts(w)[i])
+                if _samples(again) != _samples(plan.saved_left(w)):
+                    msg = (
+                        "this rank's saved positions differ from a replay of its epoch (were "
+                        "samples skipped by an error handler?): give every rank's state (a "
+                        "list)"
+                    )
+                    raise ValueError(msg)
 
 
 def _count(units: list[ShardPart]) -> int:
@@ -347,11 +432,14 @@ def _samples(units: list[ShardPart]) -> set[tuple[str, int]]:
     return {(u.url, i) for u in units for i in range(u.start, u.stop or u.start)}
 
 
-def _buffer(pipe: IterDataPipe[Any], splitter: ShardSplitter) -> tuple[int, int | None]:
-    """``(size, fixed seed)`` of the pipeline's shuffle buffer (size 0: none)."""
+def _buffer(
+    pipe: IterDataPipe[Any], reading: ShardReading, splitter: ShardSplitter
+) -> tuple[int, int | None]:
+    """``(size, fixed seed)`` of the shuffle buffer over ``reading`` (size 0: none)."""
     for stage in get_all_graph_pipes(traverse_dps(pipe)):
         buffer = getattr(stage, "buffer", None)
-        if isinstance(buffer, ShuffleBuffer):
+        feeds = reading_of(stage) or reading_of(getattr(stage, "source_datapipe", None))
+        if isinstance(buffer, ShuffleBuffer) and feeds is reading:
             size = buffer.size if buffer.enabled and buffer.size >= 2 else 0
             return size, buffer.seed if buffer.seed is not None else splitter.seed
     return 0, None

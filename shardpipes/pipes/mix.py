@@ -14,7 +14,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.epochs import EpochCounter
-from shardpipes._core.mixing import MixDraws, check_weights
+from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes.pipes._length import local_length, no_length
 from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, splitters, worker_placement
 
@@ -119,9 +119,9 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         if pinned is not None:
             epoch = int(pinned["epoch"])
             self._epochs.resumed(epoch)
-        total, worker = worker_placement()
+        total, worker = self._placement()
         quota = self._quota(total, worker)
-        draws = MixDraws(self.weights, f"{self.seed}:{epoch}:{worker}")
+        draws = MixDraws(self.weights, self.draw_seed(epoch, worker))
         self._yielded = 0
         if pinned is not None and pinned["draws"] is not None:
             draws.restore(pinned["draws"])
@@ -132,12 +132,12 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 splitter.begin_now()  # every source's epoch is counted now, drawn or not
         streams = {name: iter(pipe) for name, pipe in self.sources.items()}
         try:
-            while draws.live and (quota is None or self._yielded < quota):
-                name = draws.next()
-                sample = self._next(streams, name)
-                if sample is None:
-                    draws.exhausted(name)
-                    continue
+            pairs = mixed(draws, lambda name: self._next(streams, name))
+            while quota is None or self._yielded < quota:  # quota checked before a draw
+                found = next(pairs, None)
+                if found is None:
+                    break
+                name, sample = found
                 if not isinstance(sample, dict):
                     msg = (
                         f"mix takes sample dicts; source {name!r} gave a "
@@ -159,6 +159,21 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
+
+    def _placement(self) -> tuple[int, int]:
+        """``(total workers, this one's global index)``, as the sources' splits see it."""
+        for source in self.sources.values():
+            for splitter in splitters(source):
+                return splitter.placement()  # apply_sharding's, if it was called
+        return worker_placement()
+
+    def draw_seed(self, epoch: int, worker: int) -> str:
+        """The seed of global worker ``worker``'s draws in ``epoch``."""
+        return f"{self.seed}:{epoch}:{worker}"
+
+    def resume_epoch(self, epoch: int) -> None:
+        """Make the next iteration ``epoch`` (its sources resumed by ``resume_from``)."""
+        self._epochs.set(epoch)
 
     def _quota(self, total: int, worker: int) -> int | None:
         """This worker's share of ``epoch_size`` (``None``: one pass over the sources)."""
