@@ -71,9 +71,10 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
             ``even=True`` or without a fixed seed for the shuffle buffer.
 
     Example:
-        >>> import shardpipes as sp  # doctest: +SKIP
-        >>> pipe = sp.resume_from(sp.recipes.tar_shards(urls, even=True, seed=0), saved)
-        >>> loader = StatefulDataLoader(pipe, batch_size=64, num_workers=3)
+        >>> import shardpipes as sp
+        >>> pipe = sp.recipes.tar_shards("data/train-*.tar", even=True, seed=0)
+        >>> pipe = sp.resume_from(pipe, checkpoint["loader"])  # doctest: +SKIP
+        >>> loader = StatefulDataLoader(pipe, batch_size=None, num_workers=3)  # doctest: +SKIP
     """
     target: Any = pipe.pipe if isinstance(pipe, Resumable) else pipe
     if not isinstance(target, IterDataPipe):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
@@ -17,8 +17,9 @@ __all__ = ["indexed_tar"]
 
 
 def indexed_tar(
-    url: str,
+    url: str | Mapping[str, str],
     *,
+    weights: Mapping[str, float] | None = None,
     index: str | None = None,
     transform: Callable[[Any], Any] | None = None,
     image: str = "pil",
@@ -39,8 +40,11 @@ def indexed_tar(
     on local disk; on a bucket it costs a read of the headers' blocks).
 
     Args:
-        url: The tar's URL (any fsspec filesystem; not gzip-compressed).
-        index: The index URL; default the sidecar ``url + ".idx"``, or built on the fly.
+        url: The tar's URL (any fsspec filesystem; not gzip-compressed); or a dict of
+            name → URL, to mix several tars by ``weights`` (see ``tar_images``).
+        weights: With a dict of tars: name → weight (default 1 each).
+        index: The index URL; default the sidecar ``url + ".idx"``, or built on the fly
+            (with a dict of tars: their sidecars).
         transform: Applied to each decoded image.
         image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
         resize: Shorter image side, as for :func:`~shardpipes.recipes.tar_shards`.
@@ -59,13 +63,17 @@ def indexed_tar(
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
     """
+    if index is not None and isinstance(url, Mapping):
+        msg = "with a dict of tars, each one's index is its .idx sidecar: leave index=None"
+        raise TypeError(msg)
     if index is not None and not isinstance(index, str):
         msg = f"index must be the URL of the index sidecar, or None (got {index!r})"
         raise TypeError(msg)
     check_options("indexed_tar", options)
     return one_tar(
         url,
-        index={url: index} if index is not None else True,
+        weights=weights,
+        index={url: index} if index is not None and isinstance(url, str) else True,
         image=image,
         resize=resize,
         crop=crop,

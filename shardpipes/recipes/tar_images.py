@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
@@ -17,8 +17,9 @@ __all__ = ["tar_images"]
 
 
 def tar_images(
-    url: str,
+    url: str | Mapping[str, str],
     *,
+    weights: Mapping[str, float] | None = None,
     transform: Callable[[Any], Any] | None = None,
     image: str = "pil",
     resize: int | None = None,
@@ -37,7 +38,11 @@ def tar_images(
     each reads the stream and keeps every k-th sample, seeking over the others' bytes.
 
     Args:
-        url: The tar's URL (any fsspec filesystem).
+        url: The tar's URL (any fsspec filesystem); or a dict of name → URL, to mix
+            several tars: each is split across the workers on its own, and the samples are
+            drawn from them in proportion to ``weights`` until every tar is spent (see
+            :func:`shardpipes.mix`).
+        weights: With a dict of tars: name → weight (default 1 each).
         transform: Applied to each decoded image.
         image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
         resize: Shorter image side, as for :func:`~shardpipes.recipes.tar_shards`.
@@ -59,6 +64,7 @@ def tar_images(
     check_options("tar_images", options)
     return one_tar(
         url,
+        weights=weights,
         index=False,
         image=image,
         resize=resize,

@@ -7,13 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.pipes.collate import collate_samples
-from shardpipes.pipes.fields import TupleMaker
-from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.reader import ReadOptions, check_options
 from shardpipes.pipes.shards import ShardSplitter
 from shardpipes.pipes.stream import ShardStream
-from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS, lister
+from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS, lister, mixed_sources
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -139,14 +136,19 @@ def tar_shards(
             raise TypeError(msg)
         urls = {"shards": urls}  # one source, read in passes
     if isinstance(urls, Mapping):
-        stage = dict(
-            shuffle=shuffle, seed=seed, epoch=epoch, even=even, buffer_size=buffer_size,
+        stage: dict[str, Any] = dict(
+            shuffle=shuffle, epoch=epoch, even=even, buffer_size=buffer_size,
             block_shuffle=block_shuffle, image=image, resize=resize, crop=crop, threads=threads,
             check_exists=check_exists, **options,
         )  # fmt: skip
+
+        def source(i: int, urls: Any) -> IterDataPipe[Any]:
+            return tar_shards(urls, fields=(), seed=None if seed is None else seed + i, **stage)
+
         return mixed_sources(
-            urls, weights, (epoch_size, resample), stage, fields=fields, transform=transform,
-            batch_size=batch_size, drop_last=drop_last,
+            urls, weights, source, seed=seed, epochs=(epoch_size, resample), fields=fields,
+            transform=transform, batch_size=batch_size, drop_last=drop_last,
+            handler=options.get("handler", "raise"),
         )  # fmt: skip
     if weights is not None:
         msg = (
@@ -176,49 +178,3 @@ def tar_shards(
         **options,
     )
     return stream.set_shuffle(shuffle)
-
-
-def mixed_sources(
-    sources: Mapping[str, str | Sequence[str]],
-    weights: Mapping[str, float] | None,
-    epochs: tuple[int | None, bool],
-    stage: dict[str, Any],
-    *,
-    fields: Sequence[str],
-    transform: Callable[[Any], Any] | None,
-    batch_size: int | None,
-    drop_last: bool,
-) -> IterDataPipe[Any]:
-    """``tar_shards`` of a dict of sources: one stream of decoded dicts each, mixed.
-
-    Then the fields are picked, the transform applied and the batches collated by the
-    chain's stages (``to_tuple``, ``map``, ``batch``, ``collate``).
-    """
-    seed = stage.pop("seed")
-    streams = {
-        name: tar_shards(urls, fields=(), seed=None if seed is None else seed + i, **stage)
-        for i, (name, urls) in enumerate(sources.items())
-    }
-    epoch_size, resample = epochs
-    pipe: IterDataPipe[Any] = Mixer(
-        streams, weights, seed=seed or 0, epoch_size=epoch_size, resample=resample
-    )
-    if fields:
-        pipe = TupleMaker(pipe, *fields, handler=stage.get("handler", "raise"))
-    if transform is not None:
-        pipe = pipe.map(_First(transform, tuples=bool(fields)))
-    if batch_size is not None:
-        pipe = pipe.batch(batch_size, drop_last=drop_last).collate(collate_samples)
-    return pipe
-
-
-class _First:
-    """Apply ``transform`` to a tuple's first field (or to a whole dict sample)."""
-
-    def __init__(self, transform: Callable[[Any], Any], *, tuples: bool) -> None:
-        self.transform, self.tuples = transform, tuples
-
-    def __call__(self, sample: Any) -> Any:
-        if not self.tuples:
-            return self.transform(sample)
-        return (self.transform(sample[0]), *sample[1:])

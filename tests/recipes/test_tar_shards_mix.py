@@ -89,3 +89,39 @@ def test_transform_and_options_for_one_list_are_refused(sources: dict[str, Datas
     assert all(key == key.upper() for key, _ in got) and len(got) == 320
     with pytest.raises(TypeError, match="for a dict of sources"):
         sp.recipes.tar_shards(sources["web"].urls, weights={"web": 1})
+
+
+@pytest.mark.parametrize("name", ["tar_images", "indexed_tar"])
+def test_one_tar_recipes_mix_a_dict_of_tars(
+    make_shards: Callable[..., Dataset], tmp_path: Path, name: str
+) -> None:
+    """Two single tars of mixed-size PNG images, 2:1, under 2 workers; resumed exactly."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = make_shards(1, 30, images=True, base=str(tmp_path / "a"))
+    b = make_shards(1, 13, images=True, base=str(tmp_path / "b"))
+
+    def recipe() -> Any:
+        return sp.recipes.load(
+            name, url={"a": a.urls[0], "b": b.urls[0]}, weights={"a": 2, "b": 1},
+            image="torch", resize=32, crop=32, batch_size=4,
+        )  # fmt: skip
+
+    whole = [
+        label
+        for _, labels in StatefulDataLoader(recipe(), batch_size=None, num_workers=2)
+        for label in labels.tolist()
+    ]
+    assert Counter(whole) == Counter([*a.labels.values(), *b.labels.values()])
+    loader = StatefulDataLoader(recipe(), batch_size=None, num_workers=2)
+    batches = iter(loader)
+    before = [label for _ in range(3) for label in next(batches)[1].tolist()]
+    state = loader.state_dict()
+    del batches
+    again = StatefulDataLoader(recipe(), batch_size=None, num_workers=2)
+    again.load_state_dict(state)
+    assert before + [label for _, labels in again for label in labels.tolist()] == whole
+    with pytest.raises(TypeError, match="weights= is for a dict of tars"):
+        sp.recipes.load(name, url=a.urls[0], weights={"a": 1})
