@@ -23,6 +23,12 @@ others without talking to them:
      last ``N % total`` samples (fewer than ``total``) are dropped for the epoch: every
      worker, hence every rank, yields the same number of samples.
 
+   * **by block** (:func:`split_blocks`, ``block_shuffle=N``, needs the sample counts):
+     every shard is cut into blocks of ``N`` samples, the blocks of all shards are
+     permuted by ``(seed, epoch)``, and worker ``w`` reads every ``total``-th from ``w``
+     on (with ``even``, the even split of the permuted blocks' samples). Every worker
+     reads from every shard, which a small shuffle buffer then mixes.
+
 A part ``(k, m)`` of a shard is either the samples whose index ``i`` in the shard has
 ``i % m == k`` (streaming, no index needed) or, with an index of ``N`` samples, the
 contiguous block :func:`block` ``(N, k, m)`` (one ranged read per worker). A sample range
