@@ -37,7 +37,7 @@ DEFAULT_PATHS = ["shardpipes/_core"]
 TESTS_BY_MODULE: dict[str, list[str]] = {
     "shardpipes/_core/braces.py": ["tests/core/test_braces.py"],
     "shardpipes/_core/decoders.py": ["tests/pipes/test_decode.py"],
-    "shardpipes/_core/elastic.py": ["tests/pipes/test_elastic.py"],
+    "shardpipes/_core/elastic.py": ["tests/core/test_elastic.py", "tests/pipes/test_elastic.py"],
     "shardpipes/_core/epochs.py": ["tests/core/test_epochs.py"],
     "shardpipes/_core/fields.py": ["tests/pipes/test_fields.py", "tests/test_one_engine.py"],
     "shardpipes/_core/handlers.py": ["tests/core/test_handlers.py", "tests/core/test_samples.py"],

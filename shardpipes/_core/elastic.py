@@ -20,17 +20,19 @@ epoch does); else unit by unit, in turn.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from shardpipes._core.run import EpochRun
 from shardpipes._core.samples import Located, Sample
-from shardpipes._core.split import ShardPart, assign_even, part_samples
+from shardpipes._core.split import ShardPart, block, cut, part_samples
 
 __all__ = [
     "buffer_seed_of",
     "left_over",
+    "part_indices",
     "replay",
     "share",
     "size_of",
@@ -39,7 +41,31 @@ __all__ = [
 ]
 
 Ranges = Sequence[tuple[int, int]]  # the byte range of each sample of a shard, in order
-RangesOf = Callable[[str], "Ranges | None"]  # a shard's ranges (None: compressed)
+
+
+class Shards(Protocol):
+    """What is known of the shards: their sample ranges, and how the reader reads them."""
+
+    def ranges(self, url: str) -> Ranges:
+        """The shard's sample ranges (offsets in the uncompressed tar)."""
+
+    def streamed(self, url: str) -> bool:
+        """Whether the reader streams the shard (compressed, or not indexed).
+
+        Its parts ``k`` of ``m`` are then every ``m``-th sample, read from its start.
+        """
+
+
+def part_indices(part: ShardPart, n_samples: int, *, streamed: bool) -> range:
+    """The indices of the samples ``part`` holds in a shard of ``n_samples``.
+
+    Part ``k`` of ``m`` is a contiguous block of an indexed shard, and every ``m``-th
+    sample (from ``start + k``) of a streamed one, as the reader reads them.
+    """
+    if streamed and part.parts > 1:
+        stop = n_samples if part.stop is None else min(part.stop, n_samples)
+        return range(part.start + part.part, stop, part.parts)
+    return part_samples(n_samples, part)
 
 
 def buffer_seed_of(base: int, epoch: int, worker: int) -> int:
@@ -56,73 +82,64 @@ def size_of(part: ShardPart) -> int | None:
 
 
 def left_over(
-    parts: Sequence[ShardPart], position: Mapping[str, Any] | None, ranges_of: RangesOf
+    parts: Sequence[ShardPart], position: Mapping[str, Any] | None, shards: Shards
 ) -> list[ShardPart]:
     """The samples of a worker's epoch that it had not delivered, as units.
 
     Args:
         parts: The worker's parts for the epoch, in reading order.
         position: Its saved ``EpochRun`` position (``None``: it had not begun).
-        ranges_of: A shard's sample ranges (read only for the part being read and the
+        shards: The shards' sample ranges (asked only for the part being read and the
             shards of buffered samples).
 
     Raises:
-        ValueError: If a sample left over lies in a compressed shard (it cannot be read
-            alone), or a shard no longer holds a saved sample.
+        ValueError: If a shard no longer holds a saved sample.
     """
     if position is None:
         return list(parts)
     if position["done"]:
         return []
-    shards = position["shards"]
-    held = [(shards[s], start, end) for s, start, end in (*position["buffer"], *position["ahead"])]
-    out = _samples_as_units(held, ranges_of)
+    urls = position["shards"]
+    held = [(urls[s], start, end) for s, start, end in (*position["buffer"], *position["ahead"])]
+    out = _samples_as_units(held, shards)
     if position["draining"]:
         return out
     taken, offset, index = position["cursor"]
     if taken >= 1:
         current = parts[taken - 1]
-        out += [current] if offset < 0 else _rest(current, offset, index, ranges_of)
+        out += [current] if offset < 0 else _rest(current, offset, index, shards)
     return out + list(parts[taken:])
 
 
-def _ranges(url: str, ranges_of: RangesOf, what: str) -> Ranges:
-    ranges = ranges_of(url)
-    if ranges is None:
-        msg = (
-            f"{url}: {what} lies in a compressed shard, which cannot be read from the middle "
-            "by another worker: elastic resumption needs uncompressed .tar shards there"
-        )
-        raise ValueError(msg)
-    return ranges
-
-
-def _rest(part: ShardPart, offset: int, index: int, ranges_of: RangesOf) -> list[ShardPart]:
+def _rest(part: ShardPart, offset: int, index: int, shards: Shards) -> list[ShardPart]:
     """The samples of ``part`` from shard index ``index`` (at byte ``offset``) on."""
-    ranges = _ranges(part.url, ranges_of, "the part being read")
-    mine = part_samples(len(ranges), part)
-    if index >= mine.stop:
+    ranges, streamed = shards.ranges(part.url), shards.streamed(part.url)
+    mine = part_indices(part, len(ranges), streamed=streamed)
+    rest = mine[bisect.bisect_left(mine, index) :]
+    if not rest:
         return []
     if index < mine.start or ranges[index][0] != offset:
         msg = f"{part.url}: no sample {index} at byte {offset} (has the shard changed?)"
         raise ValueError(msg)
-    return [_run(part.url, index, mine.stop, ranges)]
+    if rest.step > 1:  # every m-th sample from the next one of this part
+        return [ShardPart(part.url, 0, rest.step, start=rest.start, stop=part.stop)]
+    return [_run(part.url, rest.start, rest.stop, ranges, streamed=streamed)]
 
 
-def _run(url: str, start: int, stop: int, ranges: Ranges) -> ShardPart:
-    return ShardPart(url, start=start, stop=stop, span=(ranges[start][0], ranges[stop - 1][1]))
+def _run(url: str, start: int, stop: int, ranges: Ranges, *, streamed: bool) -> ShardPart:
+    """Samples ``[start, stop)`` of a shard: with their byte span, unless it is streamed."""
+    span = None if streamed else (ranges[start][0], ranges[stop - 1][1])
+    return ShardPart(url, start=start, stop=stop, span=span)
 
 
-def _samples_as_units(
-    samples: Iterable[tuple[str, int, int]], ranges_of: RangesOf
-) -> list[ShardPart]:
+def _samples_as_units(samples: Iterable[tuple[str, int, int]], shards: Shards) -> list[ShardPart]:
     """Single samples ``(url, start, end)`` as sample ranges, adjacent ones merged."""
     by_url: dict[str, list[tuple[int, int]]] = {}
     for url, start, end in samples:
         by_url.setdefault(url, []).append((start, end))
     out = []
     for url, spans in by_url.items():
-        ranges = _ranges(url, ranges_of, "a sample of the shuffle buffer")
+        ranges, streamed = shards.ranges(url), shards.streamed(url)
         where = {start: (i, end) for i, (start, end) in enumerate(ranges)}
         indices = []
         for start, end in spans:
@@ -137,7 +154,7 @@ def _samples_as_units(
             if i is not None and i == prev + 1:
                 prev = i
                 continue
-            out.append(_run(url, first, prev + 1, ranges))
+            out.append(_run(url, first, prev + 1, ranges, streamed=streamed))
             if i is not None:
                 first = prev = i
     return out
@@ -146,17 +163,17 @@ def _samples_as_units(
 class _References:
     """A :class:`~shardpipes._core.run.PartReader` of sample references only (a replay)."""
 
-    def __init__(self, ranges_of: RangesOf) -> None:
-        self.ranges_of = ranges_of
+    def __init__(self, shards: Shards) -> None:
+        self.shards = shards
 
     def samples(
         self, item: str | ShardPart, *, spans: bool = False, at: tuple[int, int] | None = None
     ) -> Iterator[Any]:
-        part = item if isinstance(item, ShardPart) else ShardPart(item)
-        ranges = _ranges(part.url, self.ranges_of, "a part replayed")
-        mine = part_samples(len(ranges), part)
-        sample: Sample = {"__url__": part.url}
-        for i in range(at[1] if at is not None else mine.start, mine.stop):
+        assert isinstance(item, ShardPart)
+        assert at is None  # a replay starts at the epoch's start: nothing to resume
+        ranges = self.shards.ranges(item.url)
+        sample: Sample = {"__url__": item.url}
+        for i in part_indices(item, len(ranges), streamed=self.shards.streamed(item.url)):
             yield Located(sample, ranges[i][0], ranges[i][1], i)
 
     def fetch(self, url: str, spans: Iterable[tuple[int, int]]) -> dict[int, Sample]:
@@ -168,7 +185,7 @@ class _References:
 
 def replay(
     parts: Sequence[ShardPart],
-    ranges_of: RangesOf,
+    shards: Shards,
     *,
     buffer_size: int,
     seed: int,
@@ -182,7 +199,7 @@ def replay(
     Raises:
         ValueError: If the worker's parts hold fewer than ``delivered`` samples.
     """
-    run = EpochRun(_References(ranges_of), parts, buffer_size=buffer_size, seed=seed)
+    run = EpochRun(_References(shards), parts, buffer_size=buffer_size, seed=seed)
     located = run.located()
     for n in range(delivered):
         if next(located, None) is None:
@@ -195,20 +212,24 @@ def replay(
     return position
 
 
-def share(units: Sequence[ShardPart], total: int, worker: int) -> list[ShardPart]:
+def share(units: Sequence[ShardPart], total: int, worker: int, *, even: bool) -> list[ShardPart]:
     """The units (or parts of units) that worker ``worker`` of ``total`` reads.
 
-    With every unit's sample count known (:func:`size_of`), the even split of their
-    samples end to end (the last ``n % total`` are nobody's); a sample range cut in two
-    loses its byte span (the splitter finds it again). Else unit ``i`` goes to worker
-    ``i % total``.
+    With every unit's sample count known (:func:`size_of`), their samples end to end are
+    cut into ``total`` runs: with ``even``, of ``n // total`` each (the last ``n % total``
+    are nobody's); else differing by one at most. A sample range cut in two loses its
+    byte span (the splitter finds it again). Else unit ``i`` goes to worker ``i % total``.
     """
     sizes = [size_of(unit) for unit in units]
     if any(size is None for size in sizes):
         return [unit for i, unit in enumerate(units) if i % total == worker]
     counts = [size for size in sizes if size is not None]
+    n = sum(counts)
+    mine = range(worker * (n // total), (worker + 1) * (n // total))
+    if not even:
+        mine = block(n, worker, total)
     out = []
-    for i, start, stop in assign_even(counts, total, worker):
+    for i, start, stop in cut(counts, mine.start, mine.stop):
         unit = units[i]
         whole = (start, stop) == (0, counts[i])
         out.append(

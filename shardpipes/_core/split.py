@@ -51,6 +51,7 @@ __all__ = [
     "assign",
     "assign_even",
     "block",
+    "cut",
     "global_worker",
     "part_samples",
     "shard_order",
@@ -186,9 +187,29 @@ def assign_even(
             f"{len(ends)} shards for {total} workers (ranks × DataLoader workers)"
         )
         raise ValueError(msg)
-    first, last = worker * each, (worker + 1) * each  # global sample range [first, last)
+    return cut(counts, worker * each, (worker + 1) * each, ends=ends)
+
+
+def cut(
+    counts: Sequence[int] | np.ndarray,
+    first: int,
+    last: int,
+    *,
+    ends: Sequence[int] | np.ndarray | None = None,
+) -> list[tuple[int, int, int]]:
+    """The ``(item, start, stop)`` sample ranges of samples ``[first, last)`` end to end.
+
+    The items (shards, parts) hold ``counts`` samples each, in order; ``ends`` are their
+    running sums, if known.
+
+    Example:
+        >>> cut([3, 3, 1], 2, 5)
+        [(0, 2, 3), (1, 0, 2)]
+    """
+    if ends is None:
+        ends = list(itertools.accumulate(counts))
     out = []
-    i = bisect.bisect_right(ends, first)  # the shard holding sample `first`
+    i = bisect.bisect_right(ends, first)  # the item holding sample `first`
     while i < len(ends) and (begin := int(ends[i] - counts[i])) < last:
         start, stop = max(first - begin, 0), min(last - begin, int(counts[i]))
         if stop > start:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
@@ -25,7 +26,7 @@ from shardpipes._core.elastic import (
 from shardpipes._core.mixing import replay_draws
 from shardpipes._core.split import ShardPart, SplitPlanner, split_blocks
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, reading_of, readings
-from shardpipes.pipes.index import sample_count
+from shardpipes.pipes.index import shard_ranges
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Resumable, mixers
 from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
@@ -52,8 +53,9 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     With ``even=True`` (DDP's case) one rank's state is enough: a state of a
     ``StatefulDataLoader`` (its ``state_dict()``), or of the pipe. The other ranks'
     positions are found by replaying their epoch on sample references (see
-    :mod:`shardpipes._core.elastic`); their shuffle buffers need a fixed ``seed``. Without
-    ``even``, pass the list of every rank's state. Fewer than (ranks × workers now) samples
+    :mod:`shardpipes._core.elastic`); their shuffle buffers need the job's fixed ``seed``.
+    Without ``even``, pass the list of every rank's state (a one-process job's state is
+    every rank's). Fewer than (ranks × workers now) samples
     are left out, so that every worker delivers as many.
 
     Args:
@@ -85,7 +87,7 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     plans = []
     for i, (reading, splitter) in enumerate(found):
         stage_ranks = [[worker.stages[i] for worker in workers] for workers in ranks]
-        plans.append(_Plan(splitter, stage_ranks, _buffer(target, reading, splitter)))
+        plans.append(_Plan(reading, splitter, stage_ranks, _buffer(target, reading, splitter)))
     delivered = _Delivered(plans, ranks, mixer)
     for (reading, splitter), plan in zip(found, plans, strict=True):
         units = plan.left(delivered)
@@ -153,7 +155,10 @@ class _Worker:
 def _rank_states(state: Any, stages: int) -> list[list[_Worker]]:
     """Each rank's workers (in worker id order), from loader or pipe states."""
     given = [state] if isinstance(state, Mapping) else state
-    if not isinstance(given, Sequence) or isinstance(given, str) or not given:
+    if isinstance(state, str | PurePath):
+        msg = f"{_HOW}, not a file name: load it first, e.g. torch.load({str(state)!r})"
+        raise TypeError(msg)
+    if not isinstance(given, Sequence) or not given:
         msg = f"{_HOW} (got {type(state).__name__})"
         raise TypeError(msg)
     ranks = [_worker_states(one, stages) for one in given]
@@ -173,8 +178,14 @@ def _worker_states(state: Any, stages: int) -> list[_Worker]:
         pipes = [_pipe_state(workers[k]) for k in sorted(workers, key=_worker_number)]
     elif "fetcher_state" in state or "dataset_state" in state:  # one without workers
         pipes = [_pipe_state(state)]
-    else:
+    elif "stages" in state or "position" in state:
         pipes = [state]
+    else:
+        msg = (
+            f"{_HOW}; this dict has the keys {sorted(map(str, state))[:8]}: if it is your "
+            "checkpoint, pass the loader's entry (e.g. checkpoint['loader'])"
+        )
+        raise ValueError(msg)
     out = []
     for one in pipes:
         if isinstance(one, Mapping) and "position" in one:  # a reading's own (a recipe's)
@@ -223,6 +234,9 @@ def _saved_split(ranks: list[list[Mapping[str, Any]]], splitter: ShardSplitter) 
             f"the state was saved with block_shuffle={first.get('blocks')}; this pipe has {blocks}"
         )
         raise ValueError(msg)
+    if splitter.seed is not None and first["seed"] != splitter.seed and "workers" in first:
+        msg = f"the state was saved with seed {first['seed']}; this pipe has seed={splitter.seed}"
+        raise ValueError(msg)
     if first.get("even", splitter.even) != splitter.even:
         msg = f"the state was saved with even={first['even']}; this pipe has even={splitter.even}"
         raise ValueError(msg)
@@ -243,6 +257,7 @@ class _Plan:
 
     def __init__(
         self,
+        reading: ShardReading,
         splitter: ShardSplitter,
         ranks: list[list[Mapping[str, Any]]],
         buffer: tuple[int, int | None],
@@ -256,7 +271,8 @@ class _Plan:
             )
             raise ValueError(msg)
         self.splitter, self.urls, self.saved, self.buffer = splitter, urls, saved, buffer
-        self._counts: dict[str, Any] = {}
+        self._found: dict[str, tuple[Any, bool]] = {}
+        self.indexed = reading.reader.index is not False  # else (k, m) parts are strided
         self.total = int(saved.get("workers", 1))  # none had begun: the epoch from its start
         self.per_rank = len(ranks[0])  # a rank's loader workers
         self.given = sum(len(workers) for workers in ranks)
@@ -268,7 +284,7 @@ class _Plan:
                     self.states[int(split["worker"])] = worker
         counts = None
         if saved.get("even"):
-            counts = [len(self.ranges_of(url) or ()) for url in urls]
+            counts = [len(self.ranges(url)) for url in urls]
         self.planner = SplitPlanner(
             urls, shuffle=saved.get("shuffle", splitter.shuffle_shards), seed=saved["seed"],
             epoch=saved["epoch"], counts=counts,
@@ -276,13 +292,17 @@ class _Plan:
         self.elastic = saved.get("elastic")
         self._parts: dict[int, list[ShardPart]] = {}
 
-    def ranges_of(self, url: str) -> Any:
-        """A shard's sample ranges (``None``: compressed), read once."""
-        if url not in self._counts:
+    def ranges(self, url: str) -> Any:
+        """A shard's sample ranges (in the uncompressed tar), found once."""
+        if url not in self._found:
             options, index = self.splitter.storage_options, self.splitter.index.get(url)
-            self._counts[url] = sample_count(url, options, index)
-        found = self._counts[url]
-        return None if isinstance(found, int) else found
+            self._found[url] = shard_ranges(url, options, index)
+        return self._found[url][0]
+
+    def streamed(self, url: str) -> bool:
+        """Whether the reader streams the shard (compressed, or ``index=False``)."""
+        self.ranges(url)
+        return self._found[url][1] or not self.indexed
 
     @property
     def complete(self) -> bool:
@@ -298,9 +318,9 @@ class _Plan:
     def _plan(self, worker: int) -> list[ShardPart]:
         if self.elastic is not None:  # itself the rest of an epoch resumed elsewhere
             units = [unit_from_list(u, self.urls) for u in self.elastic["units"]]
-            return share(units, self.total, worker)
+            return share(units, self.total, worker, even=bool(self.saved.get("even")))
         if self.saved.get("blocks"):
-            counts = [len(self.ranges_of(url) or ()) for url in self.urls]
+            counts = [len(self.ranges(url)) for url in self.urls]
             return split_blocks(
                 self.urls, counts, self.saved["blocks"], seed=self.saved["seed"],
                 epoch=self.saved["epoch"], total=self.total, worker=worker,
@@ -311,15 +331,15 @@ class _Plan:
     def _spanned(self, part: ShardPart) -> ShardPart:
         if part.span is not None or part.stop is None or part.parts != 1:
             return part
-        ranges = self.ranges_of(part.url)
-        if ranges is None:
-            return part
+        if self.streamed(part.url) and self._found[part.url][1]:
+            return part  # compressed: read from its start, not by range
+        ranges = self.ranges(part.url)
         return part._replace(span=(ranges[part.start][0], ranges[part.stop - 1][1]))
 
     def saved_left(self, worker: int) -> list[ShardPart]:
         """What a worker whose state was given left (all, if it had not begun)."""
         state = self.states.get(worker)
-        return left_over(self.parts(worker), state and state["position"], self.ranges_of)
+        return left_over(self.parts(worker), state and state["position"], self)
 
     def delivered(self, worker: int) -> int:
         """Samples a worker whose state was given delivered."""
@@ -328,17 +348,22 @@ class _Plan:
     def replayed_left(self, worker: int, delivered: int) -> list[ShardPart]:
         """What a worker left after delivering ``delivered`` samples, by replaying it."""
         size, base = self.buffer
+        if size >= 2 and base is None and self.saved.get("seeded"):
+            msg = f"the state was saved with seed={self.saved['seed']}: give the pipe that seed"
+            raise ValueError(msg)
         if size >= 2 and base is None:
             msg = (
                 "one rank's state gives the other ranks' positions only by replaying their "
-                "shuffle buffers, which needs a fixed seed: give the pipe seed=..., or "
-                "give every rank's state (a list)"
+                "shuffle buffers, and their seeds are not in it: the job ran without a fixed "
+                "seed= (the DataLoader's seeds were used). Give every rank's state (a list, "
+                "e.g. gathered with torch.distributed.all_gather_object), or resume on the "
+                "same topology with load_state_dict; pass seed= in the next jobs"
             )
             raise ValueError(msg)
         seed = buffer_seed_of(base, self.saved["epoch"], worker) if base is not None else 0
         parts = self.parts(worker)
-        position = replay(parts, self.ranges_of, buffer_size=size, seed=seed, delivered=delivered)
-        return left_over(parts, position, self.ranges_of)
+        position = replay(parts, self, buffer_size=size, seed=seed, delivered=delivered)
+        return left_over(parts, position, self)
 
     def left(self, delivered: _Delivered) -> list[ShardPart]:
         """What every old worker left, in global worker order.

@@ -11,7 +11,15 @@ from shardpipes._core.tar import iter_members
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError
 
-__all__ = ["build_index", "index_url", "is_gzip", "read_index", "sample_count", "write_index"]
+__all__ = [
+    "build_index",
+    "index_url",
+    "is_gzip",
+    "read_index",
+    "sample_count",
+    "shard_ranges",
+    "write_index",
+]
 
 Ranges = list[tuple[int, int]]
 
@@ -92,10 +100,20 @@ def sample_count(
     url: str, storage_options: Mapping[str, Any], index: str | None = None
 ) -> Ranges | int:
     """A shard's sample ranges (from its index, or a header scan), or a gzip shard's count."""
+    ranges, compressed = shard_ranges(url, storage_options, index)
+    return len(ranges) if compressed else ranges
+
+
+def shard_ranges(
+    url: str, storage_options: Mapping[str, Any], index: str | None = None
+) -> tuple[Ranges, bool]:
+    """A shard's sample ranges (in the uncompressed tar), and whether it is compressed.
+
+    From its index (a plain tar), else a scan of its headers (a gzip shard decompressed).
+    """
     ranges = read_index(url, storage_options=storage_options, index=index)
     if ranges is not None:
-        return ranges
+        return ranges, False
     with fs.open_input(url, storage_options) as stream:  # one scan, also for gzip
         compressed = is_gzip(stream)
-        ranges = _scan(stream, url)
-    return len(ranges) if compressed else ranges
+        return _scan(stream, url), compressed

@@ -335,7 +335,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         used = {
             "seed": seed, "epoch": epoch, "shards": len(urls), "digest": _digest(urls),
             "workers": total, "worker": worker, "even": self.even,
-            "shuffle": self.shuffle_shards,
+            "shuffle": self.shuffle_shards, "seeded": self.seed is not None,
         }  # fmt: skip
         if self.block_shuffle is not None and self.shuffle_shards:
             used["blocks"] = self.block_shuffle
@@ -352,7 +352,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             seed, epoch = used["seed"], used["epoch"] = elastic["seed"], elastic["epoch"]
             used["elastic"] = elastic["elastic"]
             units = [unit_from_list(u, urls) for u in elastic["elastic"]["units"]]
-            parts = share(units, total, worker)
+            parts = share(units, total, worker, even=self.even)
         else:
             counted = self.even or "blocks" in used
             counts = [self._count(url) for url in urls] if counted else None
@@ -521,7 +521,8 @@ def _check_state(
     ):
         msg = (
             f"the state was saved by worker {saved['worker']} of {saved['workers']} (DataLoader "
-            f"workers × ranks); this is worker {now['worker']} of {now['workers']}"
+            f"workers × ranks); this is worker {now['worker']} of {now['workers']}. To resume "
+            "on another number of workers or ranks: pipe = sp.resume_from(pipe, state)"
         )
         raise ValueError(msg)
     if fixed_seed is not None and saved["seed"] != fixed_seed:

@@ -80,8 +80,9 @@ def tar_shards(
             a size below 2 turns it off.
         block_shuffle: Cut each worker's shards into blocks of this many samples and read
             the blocks in a random order (interleaving its shards), one ranged read each:
-            with shards written in class order, a buffer of 10 % of a worker's samples
-            then shuffles about as well as an iid draw (``benchmarks/shuffle_quality.py``).
+            with shards written in class order, a buffer holding about 30 blocks then
+            shuffles about as well as an iid draw (``benchmarks/shuffle_quality.py``): take
+            ``block_shuffle`` near ``buffer_size / 30``.
             Needs uncompressed shards, and their sample counts (``.idx`` sidecars, else a
             header scan). With ``shuffle``; by default off.
         transform: Applied to each decoded image (the first field).

@@ -17,9 +17,7 @@ from torch.utils.data import graph_settings
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardpipes as sp
-from shardpipes._core.elastic import left_over, replay, share
-from shardpipes._core.split import ShardPart
-from tests.conftest import Dataset
+from tests.conftest import Dataset, write_tar
 
 SIZES = [23, 31, 17, 40, 29]  # 140 samples
 
@@ -143,8 +141,17 @@ def test_a_resumed_epoch_resumes_again(data: Dataset) -> None:
 
 def test_bad_states_are_refused(data: Dataset, make_shards: Callable[..., Dataset]) -> None:
     _, state = rank_run(recipe(data), 2, 0, 5)
-    with pytest.raises(ValueError, match="needs a fixed seed"):
+    with pytest.raises(ValueError, match=r"^the state was saved with seed=3: give the pipe that"):
         sp.resume_from(recipe(data, seed=None), state)
+    with pytest.raises(ValueError, match=r"^the state was saved with seed 3; this pipe has seed=4"):
+        sp.resume_from(recipe(data, seed=4), state)
+    _, unseeded = rank_run(recipe(data, seed=None), 2, 0, 5)
+    with pytest.raises(ValueError, match=r"the job ran without a fixed seed= .*all_gather_object"):
+        sp.resume_from(recipe(data, seed=None), unseeded)
+    with pytest.raises(
+        ValueError, match=r"pass the loader's entry \(e.g. checkpoint\['loader'\]\)"
+    ):
+        sp.resume_from(recipe(data), {"loader": state, "step": 10})
     other = make_shards(3, 10)
     with pytest.raises(ValueError, match="another shard list"):
         sp.resume_from(
@@ -152,22 +159,13 @@ def test_bad_states_are_refused(data: Dataset, make_shards: Callable[..., Datase
         )
     with pytest.raises(ValueError, match="saved with even=True"):
         sp.resume_from(recipe(data, even=False), state)
-    with pytest.raises(TypeError, match="resume_from takes a StatefulDataLoader"):
-        sp.resume_from(recipe(data), "state.pt")  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"not a file name: load it first, e.g. torch.load\('s.pt'\)"
+    ):
+        sp.resume_from(recipe(data), "s.pt")  # type: ignore[arg-type]
     chain = sp.list_shards(data.urls).split_shards(seed=3).open_tar()
     with pytest.raises(ValueError, match="cannot yet resume a mix with epoch_size="):
         sp.resume_from(sp.mix({"a": chain}, epoch_size=50), state)
-
-
-def test_replay_gives_the_runs_own_position() -> None:
-    """The replay of a worker on references is the EpochRun's own run (core, no reading)."""
-    ranges = {f"s{i}": [(k * 10, k * 10 + 10) for k in range(n)] for i, n in enumerate((7, 5))}
-    parts = [ShardPart("s0", start=2, stop=7), ShardPart("s1", start=0, stop=5)]
-    position = replay(parts, ranges.get, buffer_size=4, seed=9, delivered=3)
-    assert len(position["buffer"]) == 4
-    rest = left_over(parts, position, ranges.get)
-    assert sum(u.stop - u.start for u in rest) == 10 - 3
-    assert [u.url for u in share(rest, 2, 0)] + [u.url for u in share(rest, 2, 1)]
 
 
 def test_workers_that_had_not_begun_left_everything(data: Dataset) -> None:
@@ -269,3 +267,98 @@ def test_a_recipe_of_two_sources_resumes_under_another_loader(
     assert [k for k, n in seen.items() if n > 1] == []
     assert set(seen) <= set(everything)
     assert len(everything) - len(seen) <= 2 * (2 + 1)  # each source's even split and rest
+
+
+def ided(urls: list[str], **options: Any) -> Any:
+    options = {"seed": 3, "buffer_size": 8, "even": True, **options}
+    return sp.recipes.tar_shards(urls, fields=("__key__",), batch_size=4, **options)
+
+
+def ids_of(batches: Any) -> list[str]:
+    return [key for (keys,) in batches for key in keys]
+
+
+@pytest.fixture
+def with_gzip(make_shards: Callable[..., Dataset], tmp_path: Path) -> tuple[list[str], set[str]]:
+    """Four .tar shards and one .tar.gz: (URLs, every sample's key)."""
+    plain = make_shards(4, [21, 33, 18, 27])
+    url = str(tmp_path / "more.tar.gz")
+    write_tar(url, [(f"gz/{i:05d}.cls", b"%d" % i) for i in range(31)])
+    return [*plain.urls, url], {*plain.keys, *(f"gz/{i:05d}" for i in range(31))}
+
+
+@pytest.mark.parametrize("buffer_size", [0, 8])
+@pytest.mark.parametrize("stop", [1, 5, 12])
+def test_a_gzip_shard_resumes_elsewhere(
+    with_gzip: tuple[list[str], set[str]], buffer_size: int, stop: int
+) -> None:
+    """A .tar.gz among the shards: its rest is read from its start (no byte ranges)."""
+    urls, ids = with_gzip
+    loader = StatefulDataLoader(ided(urls, buffer_size=buffer_size), batch_size=None, num_workers=2)
+    batches = iter(loader)
+    before = ids_of(next(batches) for _ in range(stop))
+    state = loader.state_dict()
+    del batches
+    for workers in (1, 3):
+        pipe = sp.resume_from(ided(urls, buffer_size=buffer_size), state)
+        after = ids_of(StatefulDataLoader(pipe, batch_size=None, num_workers=workers))
+        seen = Counter(before + after)
+        assert [k for k, n in seen.items() if n > 1] == []
+        assert set(seen) <= ids
+        assert len(ids) - len(seen) < 2 + workers
+
+
+def test_nothing_or_almost_nothing_left(data: Dataset) -> None:
+    """A checkpoint at the epoch's end resumes to an empty epoch; the next one is whole."""
+    loader = StatefulDataLoader(recipe(data), batch_size=4, num_workers=2)
+    everything = keys_of(loader)
+    state = loader.state_dict()
+    for workers in (0, 3):
+        pipe = sp.resume_from(recipe(data), state)
+        assert keys_of(StatefulDataLoader(pipe, batch_size=4, num_workers=workers)) == []
+        later = keys_of(StatefulDataLoader(pipe, batch_size=4, num_workers=workers))
+        assert len(set(later)) == len(later) > len(data.keys) - 3
+    assert len(everything) == len(data.keys)
+
+
+def test_a_mix_whose_source_ran_out(make_shards: Callable[..., Dataset], tmp_path: Path) -> None:
+    """Stopped once one source is spent: the other's rest comes, every sample once."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = make_shards(2, [30, 26], base=str(tmp_path / "a"))
+    b = make_shards(1, [6], base=str(tmp_path / "b"))
+    before, states = [], []
+    for rank in range(2):
+        keys, state = mix_run(mixed(a, b), 2, rank, 20)
+        before += keys
+        states.append(state)
+    assert sum(k.startswith("b:") for k in before) == 6  # b is spent
+    after = []
+    for worker in range(3):
+        after += mix_run(sp.resume_from(mixed(a, b), states[0]), 3, worker, None)[0]
+    seen = Counter(before + after)
+    assert [k for k, n in seen.items() if n > 1] == []
+    assert len(a.keys) + len(b.keys) - len(seen) <= 2 + 2 + 3
+
+
+@pytest.mark.parametrize("name", ["tar_images", "indexed_tar"])
+def test_one_tar_split_by_sample_resumes_elsewhere(
+    make_shards: Callable[..., Dataset], name: str
+) -> None:
+    """One tar read by 2 workers (every 2nd sample when streamed, blocks when indexed)."""
+    data = make_shards(1, 37, images=True)
+
+    def pipe() -> Any:
+        return sp.recipes.load(name, url=data.urls[0], image="bytes", batch_size=3)
+
+    loader = StatefulDataLoader(pipe(), batch_size=None, num_workers=2)
+    batches = iter(loader)
+    before = [int(x) for _ in range(3) for x in next(batches)[1]]
+    state = loader.state_dict()
+    del batches
+    for workers in (1, 3):
+        again = StatefulDataLoader(
+            sp.resume_from(pipe(), state), batch_size=None, num_workers=workers
+        )
+        after = [int(x) for _, labels in again for x in labels]
+        assert Counter(before + after) == Counter(data.labels.values())
