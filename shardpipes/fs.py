@@ -33,10 +33,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, TypeVar
 
-from fsspec.core import url_to_fs as _fsspec_url_to_fs
-from fsspec.registry import get_filesystem_class
-from fsspec.utils import tokenize
-
 from shardpipes import _fork
 from shardpipes._cache import ShardCache
 from shardpipes._http import HttpClient, HttpStatusError, RangeIgnoredError
@@ -110,6 +106,8 @@ def load_backend(url: str) -> None:
     protocol = _protocol(url)
     if protocol in _HTTP and "::" not in url:
         return  # read with the standard library (fsspec's backend only for a glob: its error)
+    from fsspec.registry import get_filesystem_class  # imported here: not for plain HTTP
+
     try:
         get_filesystem_class(protocol)
     except ImportError as exc:
@@ -205,12 +203,15 @@ def url_to_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[
     if "::" in url:
         check_chained(url, storage_options or {})
     options = backend_options(url, storage_options)
+    from fsspec.core import url_to_fs
+    from fsspec.utils import tokenize
+
     key = (os.getpid(), _protocol(url), tokenize(options)) if "::" not in url else None
     made = _MADE.get(key) if key is not None else None
     if made is not None:
         return made, str(made._strip_protocol(url))
     try:
-        fs, path = _fsspec_url_to_fs(url, **options)
+        fs, path = url_to_fs(url, **options)
     except ImportError as exc:
         raise _missing_backend(url, _protocol(url)) from exc
     except ValueError as exc:
@@ -276,6 +277,8 @@ def check_chained(url: str, storage_options: StorageOptions) -> None:
     which drops what it does not know: credentials and an endpoint given there would be
     lost, and the reads go to the default endpoint.
     """
+    from fsspec.registry import get_filesystem_class
+
     protocols = _chain_protocols(url)
     try:
         outer = get_filesystem_class(protocols[0])
