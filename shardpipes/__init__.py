@@ -44,6 +44,7 @@ from shardpipes.pipes.shards import ShardLister, ShardSplitter, set_epoch
 from shardpipes.pipes.shuffle import SampleShuffler
 from shardpipes.pipes.stream import ShardStream
 from shardpipes.pipes.tar import TarOpener
+from shardpipes.writing import ShardWriter, TarWriter
 
 _loader.install()  # the plain StatefulDataLoader(pipe) resumes exactly
 
@@ -69,6 +70,7 @@ __all__ = [
     "ShardPart",
     "ShardSplitter",
     "ShardStream",
+    "ShardWriter",
     "ShardpipesError",
     "ShardpipesWarning",
     "Stats",
@@ -76,6 +78,7 @@ __all__ = [
     "StorageError",
     "TarFormatError",
     "TarOpener",
+    "TarWriter",
     "TooManyErrorsError",
     "TupleMaker",
     "UnsafeDataError",

@@ -185,7 +185,8 @@ def _write(args: argparse.Namespace) -> int:
     images = _list_images(args.src, options)
     opener = lambda url: fs.open_output(url, options)  # noqa: E731
     writer = TarShardWriter(args.out, opener=opener, max_bytes=args.shard_size,
-                            max_samples=args.samples_per_shard)  # fmt: skip
+                            max_samples=args.samples_per_shard,
+                            remove=lambda url: fs.remove_file(url, options))  # fmt: skip
     with writer, tqdm(images, unit="img", desc="write", file=sys.stderr) as bar:
         for key, ext, label, url in bar:
             with fs.open_input(url, options) as f:

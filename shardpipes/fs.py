@@ -58,6 +58,7 @@ __all__ = [
     "open_input",
     "open_output",
     "read_ahead",
+    "remove_file",
     "size",
     "url_to_fs",
     "walk",
@@ -881,6 +882,13 @@ def _absent(lookup: tuple[str, Any, str], retry: RetryPolicy | None) -> bool:
         return not _call(url, found, retry, what="looking it up")
     except ShardNotFoundError:
         return True
+
+
+def remove_file(url: str, storage_options: StorageOptions | None = None) -> None:
+    """Delete the file at ``url``, if it is there."""
+    fs, path = url_to_fs(url, storage_options)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(path)
 
 
 def open_output(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:

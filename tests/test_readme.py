@@ -5,7 +5,7 @@ Each block is parsed out of README.md when the tests are collected and run as it
 rewrites of its syntax tree (nothing else is changed):
 
 - shard paths: ``data/…`` and ``out/…`` become the shards of `tests.realdata` in a tmp
-  folder; ``s3://``, ``gs://``, ``az://`` and ``https://`` ones the same shards uploaded to
+  folder, ``new/…`` (shards a block writes) a folder of its own under tmp_path; ``s3://``, ``gs://``, ``az://`` and ``https://`` ones the same shards uploaded to
   the loopback servers of ``tests/cloud`` (``https`` becomes ``http``). A brace range is
   rewritten to the real shard count unless it lies within it (two sources of a mix take
   disjoint ranges of the real shards), a glob is kept. ``storage_options=`` on a call whose
@@ -48,6 +48,9 @@ GIVEN: dict[str, Any] = {
     "epochs": 2,  # "for epoch in range(epochs)": two, so set_epoch gets a new order
     "checkpoint": {},  # the resume block stores the loader state in it
 }
+
+# the folder of shards a block writes (under tmp_path), e.g. "new/train-%06d.tar"
+WRITTEN = "new"
 
 # absolute paths in blocks, and the folder under tmp_path each one becomes
 LOCAL_PATHS = {"/mnt/nvme/shards": "cache"}
@@ -174,6 +177,8 @@ class Rewriter(ast.NodeTransformer):
     def path(self, text: str) -> str:
         if text in LOCAL_PATHS:
             return str(self.tmp_path / LOCAL_PATHS[text])
+        if text.startswith(f"{WRITTEN}/"):  # shards a block writes, then reads
+            return str(self.tmp_path / text)
         match = SHARD_PATH.match(text)
         if match is None:
             if text.startswith("/") or re.search(r"\.tar\b", text):

@@ -14,6 +14,7 @@ the tar format and no record padding, so its size is exactly what ``max_bytes`` 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tarfile
 from collections.abc import Callable, Mapping
@@ -211,6 +212,9 @@ class TarShardWriter:
             by the writer).
         max_bytes: Size limit of a shard in bytes, or ``None``.
         max_samples: Sample limit of a shard, or ``None``.
+        remove: Called with a shard's URL to delete it: the shard being written when the
+            ``with`` block raises (``None``: its stream is closed and left).
+        single: ``pattern`` is one archive's URL, with no limits.
 
     Attributes:
         shards: A :class:`ShardInfo` for every shard finished so far, in order.
@@ -233,8 +237,12 @@ class TarShardWriter:
         opener: Callable[[str], IO[bytes]],
         max_bytes: int | None = None,
         max_samples: int | None = None,
+        remove: Callable[[str], object] | None = None,
+        single: bool = False,
     ) -> None:
-        self.pattern = check_pattern(pattern)
+        self.pattern = pattern if single else check_pattern(pattern)
+        self.single = single
+        self.remove = remove
         if not callable(opener):
             msg = f"opener must be callable (got {opener!r})"
             raise TypeError(msg)
@@ -272,7 +280,10 @@ class TarShardWriter:
             msg = f"key {key!r} repeats the previous sample's key (it would merge with it)"
             raise ValueError(msg)
         if self._stream is None:
-            self._url = self.pattern % len(self.shards)
+            if self.single and self.shards:
+                msg = f"{self.pattern}: the archive is closed"
+                raise ValueError(msg)
+            self._url = self.pattern if self.single else self.pattern % len(self.shards)
             self._stream = self.opener(self._url)
         self._stream.write(data)
         self._count += 1
@@ -300,6 +311,16 @@ class TarShardWriter:
         self._finish()
         return list(self.shards)
 
+    def abort(self) -> None:
+        """Drop the shard being written (``remove`` deletes its file); keep the finished ones."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+            if self.remove is not None:
+                self.remove(self._url)
+        self._count, self._size, self._last_key = 0, 0, None
+
     def __enter__(self) -> TarShardWriter:
         return self
 
@@ -309,4 +330,7 @@ class TarShardWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc_type is None:
+            self.close()
+        else:  # nothing half-written is left: the shard being written goes
+            self.abort()

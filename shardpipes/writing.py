@@ -1,0 +1,159 @@
+"""``ShardWriter`` and ``TarWriter``: writing WebDataset-format shards from Python.
+
+The shape webdataset's writers have: a context manager whose ``write(sample)`` takes a dict
+with ``"__key__"`` and one value per extension, encoded by its extension
+(:mod:`shardpipes._core.encoders`), onto any fsspec URL. The tar bytes are
+:class:`~shardpipes._core.writer.TarShardWriter`'s: fixed metadata, so the same samples
+always give the same bytes, and keys checked to be safe file names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardpipes import fs
+from shardpipes._core.encoders import encode_value
+from shardpipes._core.writer import ShardInfo, TarShardWriter, check_key
+
+__all__ = ["ShardInfo", "ShardWriter", "TarWriter", "encode"]
+
+
+def encode(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """A sample with every value encoded to bytes by its extension (``__…`` fields kept).
+
+    Raises:
+        TypeError: A value cannot be stored under its extension (the message names the
+            sample's key and the field).
+        ValueError: The key is missing or unsafe.
+    """
+    key = check_key(sample.get("__key__"))
+    return {
+        field: value if field.startswith("__") else encode_value(key, field, value)
+        for field, value in sample.items()
+    }
+
+
+class _Writer:
+    """What both writers share: encoding, the tar writer, and leaving nothing half-written."""
+
+    def __init__(self, writer: TarShardWriter) -> None:
+        self._writer = writer
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Encode ``sample`` by its extensions and append it.
+
+        Raises:
+            TypeError: A value cannot be stored under its extension.
+            ValueError: The key is missing, unsafe, or repeats the previous one.
+        """
+        if not isinstance(sample, Mapping):
+            msg = f"write takes a sample dict with '__key__' (got {type(sample).__name__})"
+            raise TypeError(msg)
+        self._writer.write(encode(sample))
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """The archives finished so far: URL, samples, bytes."""
+        return list(self._writer.shards)
+
+    @property
+    def count(self) -> int:
+        """Samples written so far."""
+        return self._writer.samples
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the archive being written; every archive written."""
+        return self._writer.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._writer.__exit__(*exc_info)  # on an error, the unfinished archive is removed
+
+
+class ShardWriter(_Writer):
+    """Write samples to numbered shards, as webdataset's ``ShardWriter`` does.
+
+    A new shard starts when the current one holds ``maxcount`` samples or would pass
+    ``maxsize`` bytes (a sample larger than that gets a shard of its own). If the ``with``
+    block raises, the shard being written is removed; the finished ones stay.
+
+    Args:
+        pattern: Shard URL with one printf integer field: ``"out/train-%06d.tar"``,
+            ``"s3://bucket/train-%06d.tar"``.
+        maxcount: Samples per shard at most.
+        maxsize: Bytes per shard at most (an int or a float such as ``3e9``).
+        storage_options: Passed to the fsspec filesystem.
+
+    Example:
+        >>> import shardpipes as sp
+        >>> with sp.ShardWriter("memory://doc/w-%03d.tar", maxcount=2) as sink:
+        ...     for i in range(3):
+        ...         sink.write({"__key__": f"s{i}", "txt": f"sample {i}", "cls": i})
+        >>> [(s.url, s.samples) for s in sink.shards]
+        [('memory://doc/w-000.tar', 2), ('memory://doc/w-001.tar', 1)]
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        maxcount: int = 100_000,
+        maxsize: float = 3e9,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        options = dict(storage_options or {})
+        super().__init__(
+            TarShardWriter(
+                pattern,
+                opener=lambda url: fs.open_output(url, options),
+                max_samples=_positive("maxcount", maxcount),
+                max_bytes=_positive("maxsize", maxsize),
+                remove=lambda url: fs.remove_file(url, options),
+            )
+        )
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+
+class TarWriter(_Writer):
+    """Write samples to one tar archive, as webdataset's ``TarWriter`` does.
+
+    Args:
+        url: The archive's URL (any fsspec filesystem).
+        storage_options: Passed to the fsspec filesystem.
+
+    Example:
+        >>> import shardpipes as sp
+        >>> with sp.TarWriter("memory://doc/one.tar") as sink:
+        ...     sink.write({"__key__": "a", "json": {"caption": "a cat"}})
+        >>> sink.shards[0].samples
+        1
+    """
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(url, str):
+            msg = f"url must be a string (got {type(url).__name__})"
+            raise TypeError(msg)
+        options = dict(storage_options or {})
+        super().__init__(
+            TarShardWriter(
+                url,
+                opener=lambda url: fs.open_output(url, options),
+                remove=lambda url: fs.remove_file(url, options),
+                single=True,
+            )
+        )
+
+    def __enter__(self) -> TarWriter:
+        return self
+
+
+def _positive(name: str, value: float) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+        msg = f"{name} must be a positive number (got {value!r})"
+        raise ValueError(msg)
+    return int(value)
