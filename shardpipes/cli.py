@@ -192,8 +192,8 @@ def _write(args: argparse.Namespace) -> int:
             with fs.open_input(url, options) as f:
                 writer.write({"__key__": key, ext: f.read(), "cls": str(label)})
     for shard in writer.shards:
-        print(f"{shard.url}\t{shard.samples} samples\t{shard.size} bytes")
-    print(f"wrote {writer.samples} samples to {len(writer.shards)} shards")
+        print(f"{shard.url}\t{_count(shard.samples, 'sample')}\t{_count(shard.size, 'byte')}")
+    print(f"wrote {_count(writer.samples, 'sample')} to {_count(len(writer.shards), 'shard')}")
     return 0
 
 
@@ -222,7 +222,7 @@ def _index(args: argparse.Namespace) -> int:
     for url in ShardLister(args.urls, storage_options=options):
         if not url.endswith(".idx"):
             target, count = write_index(url, storage_options=options)
-            print(f"{target}\t{count} samples")
+            print(f"{target}\t{_count(count, 'sample')}")
     return 0
 
 
@@ -288,14 +288,16 @@ def _demo(args: argparse.Namespace) -> int:
     data = demo.ensure_dataset(cache, samples=args.samples, shards=args.shards)
     urls = [os.path.join(data["folder"], name) for name, _, _ in data["shards"]]
     how = "reused" if data["reused"] else "wrote"
-    print(f"{how} {data['samples']} images in {len(urls)} shards: {data['folder']}")
+    images, shards = _count(data["samples"], "image"), _count(len(urls), "shard")
+    print(f"{how} {images} in {shards}: {data['folder']}")
     expected = demo.reference(urls)
     start = time.perf_counter()
     with tqdm(total=data["samples"], unit="img", desc="read", file=sys.stderr) as bar:
         seen, labels = demo.stream(urls, workers=args.workers, progress=bar.update)
     elapsed = time.perf_counter() - start
     rate = labels.total() / elapsed
-    print(f"read {labels.total()} samples with {args.workers} workers: {rate:.0f} samples/s")
+    workers = _count(args.workers, "worker")
+    print(f"read {_count(labels.total(), 'sample')} with {workers}: {rate:.0f} samples/s")
     once = demo.exactly_once(data, expected, seen, labels)
     print(f"exactly once: {'yes' if once else 'no'}")
     return 0 if once else 1
@@ -316,3 +318,8 @@ def _bench(args: argparse.Namespace) -> int:
     if failed is None:
         return 0
     return _fail(ValueError(f"{failed.stage} stage: {failed.error}"), 1, debug=False)
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 shard", "2 shards"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
