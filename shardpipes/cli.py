@@ -99,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     limit = write.add_mutually_exclusive_group()
     limit.add_argument("--shard-size", type=_arg(parse_size), help="max shard size (256MB, 1GiB…)")
     limit.add_argument("--samples-per-shard", type=_positive, help="max samples per shard")
+    write.add_argument("--shuffle", action="store_true",
+                       help="shuffle the samples across all shards (see --seed)")  # fmt: skip
+    write.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
+    write.add_argument("--classes", metavar="URL",
+                       help="label by this class list: the classes.json written beside other "
+                            "shards (e.g. train's), or a text file of one name per line; "
+                            "default: the class folders, sorted")  # fmt: skip
+    write.add_argument("--overwrite", action="store_true",
+                       help="remove the shards that already match the pattern first")  # fmt: skip
     index = sub.add_parser("index", parents=[so], help="write URL.idx sidecar indexes")
     index.set_defaults(run=_index)
     index.add_argument("urls", nargs="+", metavar="URL", help="shard URLs, brace patterns, globs")
@@ -179,10 +188,25 @@ def _recipes(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace) -> int:
+    import random
+
     from tqdm import tqdm
 
     options = dict(args.storage_options)
-    images = _list_images(args.src, options)
+    given = _read_classes(args.classes, options) if args.classes else None
+    classes, images = _list_images(args.src, options, given)
+    if args.shuffle:
+        random.Random(args.seed).shuffle(images)
+    old = _existing(args.out, options)
+    if old and not args.overwrite:
+        msg = (
+            f"{args.out}: {_count(len(old), 'shard')} already match the pattern "
+            f"({old[0]}{', …' if len(old) > 1 else ''}); pass --overwrite to replace them"
+        )
+        raise ValueError(msg)
+    for url in old:  # and their index sidecars, which would no longer fit
+        fs.remove_file(url, options)
+        fs.remove_file(f"{url}.idx", options)
     opener = lambda url: fs.open_output(url, options)  # noqa: E731
     writer = TarShardWriter(args.out, opener=opener, max_bytes=args.shard_size,
                             max_samples=args.samples_per_shard,
@@ -190,19 +214,80 @@ def _write(args: argparse.Namespace) -> int:
     with writer, tqdm(images, unit="img", desc="write", file=sys.stderr) as bar:
         for key, ext, label, url in bar:
             with fs.open_input(url, options) as f:
-                writer.write({"__key__": key, ext: f.read(), "cls": str(label)})
+                sample = {"__key__": key, ext: f.read(), "cls": str(label)}
+            writer.write({**sample, "class.txt": classes[label]})
+    listing = classes_url(args.out)
+    with fs.open_output(listing, options) as f:
+        f.write(json.dumps({"classes": classes}, ensure_ascii=False, indent=1).encode())
     for shard in writer.shards:
         print(f"{shard.url}\t{_count(shard.samples, 'sample')}\t{_count(shard.size, 'byte')}")
+    print(f"classes: {listing} ({_count(len(classes), 'class')})")
     print(f"wrote {_count(writer.samples, 'sample')} to {_count(len(writer.shards), 'shard')}")
     return 0
 
 
-def _list_images(src: str, options: dict[str, Any]) -> list[tuple[str, str, int, str]]:
-    """Return ``(key, ext, label, url)`` of every image under ``src``'s class folders."""
+def classes_url(pattern: str) -> str:
+    """Where ``shardpipes write`` puts the class list of the shards ``pattern`` names.
+
+    Example:
+        >>> classes_url("out/train-%06d.tar")
+        'out/train-classes.json'
+    """
+    field = re.search(r"%[-+ #0]*\d*[diu]", pattern)
+    assert field is not None  # check_pattern made sure
+    return pattern[: field.start()] + "classes.json"
+
+
+def _read_classes(url: str, options: dict[str, Any]) -> list[str]:
+    """A class list: ``{"classes": [...]}`` or a list in JSON, else one name per line."""
+    with fs.open_input(url, options) as f:
+        text = f.read().decode("utf-8")
+    try:
+        found = json.loads(text)
+    except ValueError:
+        found = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(found, dict):
+        found = found.get("classes")
+    if not isinstance(found, list) or not all(isinstance(n, str) for n in found) or not found:
+        msg = f"{url}: not a class list (a JSON list of names, or one name per line)"
+        raise ValueError(msg)
+    if len(set(found)) != len(found):
+        msg = f"{url}: a class is listed twice"
+        raise ValueError(msg)
+    return found
+
+
+def _existing(pattern: str, options: dict[str, Any]) -> list[str]:
+    """The files that already match a shard pattern (its number field as ``*``)."""
+    glob = re.sub(r"%[-+ #0]*\d*[diu]", "*", pattern)
+    try:
+        return sorted(fs.glob(glob, options))
+    except FileNotFoundError:
+        return []
+
+
+def _list_images(
+    src: str, options: dict[str, Any], given: list[str] | None
+) -> tuple[list[str], list[tuple[str, str, int, str]]]:
+    """The class list, and ``(key, ext, label, url)`` of every image under ``src``'s classes.
+
+    Labels index ``given`` when it is given (a class folder not in it is an error), else
+    the sorted class folders.
+    """
     from shardpipes.recipes.image_folder import class_images
 
+    folders, images = class_images(src, options)
+    classes = given if given is not None else folders
+    label = {name: i for i, name in enumerate(classes)}
+    unknown = sorted({parts[0] for _, _, parts in images} - set(label))
+    if unknown:
+        msg = (
+            f"{src}: class folder(s) {', '.join(map(repr, unknown[:5]))} not in the class list "
+            f"({_count(len(classes), 'class')}): every label must mean what it means elsewhere"
+        )
+        raise ValueError(msg)
     found, keys = [], set[str]()
-    for url, label, parts in class_images(src, options)[1]:
+    for url, _, parts in images:
         stem, _, ext = parts[-1].rpartition(".")
         key = "/".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in [*parts[:-1], stem])
         base, n = key, 1
@@ -210,8 +295,8 @@ def _list_images(src: str, options: dict[str, Any]) -> list[tuple[str, str, int,
             n += 1
             key = f"{base}_{n}"
         keys.add(key)
-        found.append((key, ext.lower(), label, url))
-    return found
+        found.append((key, ext.lower(), label[parts[0]], url))
+    return classes, found
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -322,4 +407,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _count(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1: "1 shard", "2 shards"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"

@@ -126,13 +126,15 @@ class TestWrite:
         assert status == 0
         plural = "shard" if shards == 1 else "shards"  # "1 shard", as English has it
         assert out.splitlines()[-1] == f"wrote {len(contents)} samples to {shards} {plural}"
-        assert sorted(os.listdir(tmp_path / "out")) == [f"t-{i:04d}.tar" for i in range(shards)]
+        tars = [f"t-{i:04d}.tar" for i in range(shards)]
+        assert sorted(os.listdir(tmp_path / "out")) == [*tars, "t-classes.json"]
         back = _read(str(tmp_path / "out/t-*.tar"))
         assert set(back) == set(KEYS)
         for key, (ext, label) in KEYS.items():
             assert back[key][ext] == contents[key]
             assert back[key]["cls"] == str(label).encode()
-            assert set(back[key]) == {"__key__", "__url__", ext, "cls"}
+            assert set(back[key]) == {"__key__", "__url__", ext, "cls", "class.txt"}
+            assert back[key]["class.txt"] == key.split("/")[0].encode()
 
     @pytest.mark.parametrize("size", ["6k", "6000", "8KiB"])
     def test_split_by_size(
@@ -448,3 +450,87 @@ def test_python_dash_m_runs_the_command(tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode != 0
     assert missing.stderr.startswith("shardpipes: error:")
+
+
+class TestWriteTrainsWell:
+    """``--shuffle``, a class list kept with the shards, ``--overwrite`` (issue 15 §2)."""
+
+    def test_shuffle_mixes_classes_across_shards(
+        self,
+        capsys: pytest.CaptureFixture[str],
+        tmp_path: Path,
+        source: tuple[str, dict[str, bytes]],
+    ) -> None:
+        root, _ = source
+        outs = []
+        for name in ("a", "b", "plain"):
+            flags = ["--shuffle", "--seed", "3"] if name != "plain" else []
+            status, _, _ = _run(capsys, "write", root, str(tmp_path / f"{name}/t-%02d.tar"),
+                                "--samples-per-shard", "3", *flags)  # fmt: skip
+            assert status == 0
+            outs.append(sorted((tmp_path / name).glob("t-*.tar")))
+        same = [p.read_bytes() for p in outs[0]] == [p.read_bytes() for p in outs[1]]
+        assert same  # the seed decides
+        back = _read(str(tmp_path / "a/t-*.tar"))
+        assert set(back) == set(KEYS)  # every image once
+        order = [s["__key__"] for s in TarOpener(ShardLister(str(tmp_path / "a/t-*.tar")))]
+        plain = [s["__key__"] for s in TarOpener(ShardLister(str(tmp_path / "plain/t-*.tar")))]
+        assert order != plain
+        assert plain == sorted(plain, key=lambda k: KEYS[k][1])  # without: in class order
+
+    def test_labels_follow_the_class_list(
+        self,
+        capsys: pytest.CaptureFixture[str],
+        tmp_path: Path,
+        source: tuple[str, dict[str, bytes]],
+    ) -> None:
+        """train/ has ant, mole, zebra; val/ only mole and zebra: its labels are train's."""
+        root, _ = source
+        status, out, _ = _run(capsys, "write", root, str(tmp_path / "out/train-%03d.tar"))
+        assert status == 0
+        listing = tmp_path / "out/train-classes.json"
+        assert json.loads(listing.read_text()) == {"classes": ["ant", "mole", "zebra"]}
+        assert f"classes: {listing} (3 classes)" in out
+        val = tmp_path / "val"
+        shutil.copytree(Path(root) / "mole", val / "mole")
+        shutil.copytree(Path(root) / "zebra", val / "zebra")
+        status, _, _ = _run(capsys, "write", str(val), str(tmp_path / "out/val-%03d.tar"),
+                            "--classes", str(listing))  # fmt: skip
+        assert status == 0
+        for key, sample in _read(str(tmp_path / "out/val-*.tar")).items():
+            assert int(sample["cls"]) == KEYS[key][1]  # mole 1 and zebra 2, as in train
+            assert sample["class.txt"].decode() == key.split("/")[0]
+        alone = _run(capsys, "write", str(val), str(tmp_path / "alone/v-%03d.tar"))
+        assert alone[0] == 0
+        assert {int(s["cls"]) for s in _read(str(tmp_path / "alone/v-*.tar")).values()} == {0, 1}
+        names = tmp_path / "names.txt"
+        names.write_text("zebra\nmole\n")
+        status, _, err = _run(capsys, "write", root, str(tmp_path / "x/t-%03d.tar"),
+                              "--classes", str(names))  # fmt: skip
+        assert status == 1
+        assert re.search(r"class folder\(s\) 'ant' not in the class list \(2 classes\)", err)
+        assert not (tmp_path / "x").exists()  # nothing written
+
+    def test_existing_shards_are_refused_unless_overwritten(
+        self,
+        capsys: pytest.CaptureFixture[str],
+        tmp_path: Path,
+        source: tuple[str, dict[str, bytes]],
+    ) -> None:
+        root, _ = source
+        pattern = str(tmp_path / "t-%02d.tar")
+        assert _run(capsys, "write", root, pattern, "--samples-per-shard", "2")[0] == 0
+        assert _run(capsys, "index", str(tmp_path / "t-*.tar"))[0] == 0
+        before = sorted(p.name for p in tmp_path.glob("t-*.tar*"))
+        status, _, err = _run(capsys, "write", root, pattern, "--samples-per-shard", "5")
+        assert status == 1
+        assert "4 shards already match the pattern" in err and "--overwrite" in err
+        assert sorted(p.name for p in tmp_path.glob("t-*.tar*")) == before  # untouched
+        status, _, _ = _run(capsys, "write", root, pattern, "--samples-per-shard", "5",
+                              "--overwrite")  # fmt: skip
+        assert status == 0
+        assert sorted(p.name for p in tmp_path.glob("t-*.tar*")) == [
+            "t-00.tar",
+            "t-01.tar",
+        ]  # no .idx
+        assert len(_read(str(tmp_path / "t-*.tar"))) == len(KEYS)  # not 2 × as many

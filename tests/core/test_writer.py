@@ -226,20 +226,22 @@ class TestTarShardWriter:
         store, shards = _write([])
         assert (store.opened, shards) == ([], [])
 
-    def test_closes_shard_on_error(self) -> None:
-        """Leaving the ``with`` block by an exception still finishes the open shard."""
-        store = _Store()
-        writer = TarShardWriter("s-%d.tar", opener=store)
+    def test_drops_the_unfinished_shard_on_error(self) -> None:
+        """Leaving the ``with`` block by an exception removes the open shard (finished ones stay)."""
+        store, removed = _Store(), []
+        writer = TarShardWriter("s-%d.tar", opener=store, max_samples=1, remove=removed.append)
 
         def fail() -> None:
             with writer:
                 writer.write(_sample(1))
+                writer.write(_sample(2))  # the second shard, unfinished
                 raise RuntimeError
 
         with pytest.raises(RuntimeError):
             fail()
         assert writer.shards == [ShardInfo("s-0.tar", 1, 2048)]
         assert store.samples("s-0.tar")[0]["__key__"] == "s001"
+        assert removed == ["s-1.tar"]
 
     @pytest.mark.parametrize("key", ["../evil", "/abs/path", "a\0b", "a\\b", "a//b"])
     def test_refuses_unsafe_keys_and_goes_on(self, key: str) -> None:
