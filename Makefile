@@ -3,17 +3,26 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # the stamp is keyed on the dependency files: editing either re-installs
-STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)
+STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt requirements-demo.txt | sha256sum | cut -c1-16)
+# `make demo` needs only the run-time dependencies (torch, torchdata, Pillow, fsspec…)
+DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml requirements-demo.txt | sha256sum | cut -c1-16)
 
 .PHONY: venv demo test test-fast lint check bench bench-quick fuzz mutate clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml requirements-dev.txt requirements-demo.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	rm -f $(VENV)/.stamp-*
+	touch $@
+
+$(DEMO_STAMP): pyproject.toml requirements-demo.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-demo.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	rm -f $(VENV)/.demo-*
 	touch $@
 
 # Azurite (Azure blob emulator) for the Azure tests, from npm into .npm/
@@ -22,7 +31,7 @@ $(AZURITE):
 	command -v npm >/dev/null || { echo "npm not found: the Azure tests need Node.js 20 and npm"; exit 1; }; \
 	npm install --prefix .npm --no-audit --no-fund --silent azurite@3.37.0
 
-demo: venv
+demo: $(DEMO_STAMP)  ## only the run-time dependencies: about 6 packages and torch
 	$(BIN)/shardpipes demo
 
 test: venv $(AZURITE)

@@ -30,6 +30,7 @@ from shardpipes.errors import (
     TooManyErrorsError,
     UnsafeDataError,
 )
+from shardpipes.nodes import to_node
 from shardpipes.pipes import _loader
 from shardpipes.pipes._epoch import pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
@@ -94,5 +95,6 @@ __all__ = [
     "set_epoch",
     "shard_order",
     "split_plan",
+    "to_node",
     "write_index",
 ]

@@ -1,0 +1,83 @@
+"""``to_node``: a shardpipes pipeline as a ``torchdata.nodes`` node, resumable exactly.
+
+torchdata ≥ 0.10 builds loaders from ``torchdata.nodes`` (``Loader``, ``ParallelMapper``,
+``Batcher``, ``Prefetcher``, ``MultiNodeWeightedSampler``…), the DataPipes' maintained
+successor. :func:`to_node` puts any recipe or chain at the root of such a graph; its
+``get_state()`` is the pipeline's own state (where each shard is read to, the shuffle
+buffer as byte ranges), not a count of items to replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from torch.utils.data import IterDataPipe
+from torchdata.nodes import BaseNode  # type: ignore[import-untyped]
+
+from shardpipes.pipes.resumable import Resumable, load_pipeline_state, pipeline_state
+
+__all__ = ["PipeNode", "to_node"]
+
+T = TypeVar("T")
+
+
+class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
+    """A ``torchdata.nodes.BaseNode`` over a shardpipes pipeline (see :func:`to_node`).
+
+    Each ``reset()`` without a state begins the pipeline's next epoch; ``reset(state)``
+    resumes where ``get_state()`` was taken. It reads in the process that iterates it:
+    for parallel decoding, put ``torchdata.nodes.ParallelMapper`` after it.
+    """
+
+    STATE_KEY = "pipeline"
+
+    def __init__(self, pipe: IterDataPipe[T]) -> None:
+        super().__init__()
+        self.pipe = pipe.pipe if isinstance(pipe, Resumable) else pipe
+        self._it: Iterator[T] | None = None
+        pipeline_state(self.pipe)  # fail now if a stage cannot be resumed
+
+    def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
+        """Begin the next epoch, or resume from ``initial_state`` (a ``get_state()``)."""
+        super().reset(initial_state)
+        self._close()
+        if initial_state is not None:
+            if self.STATE_KEY not in initial_state:
+                msg = f"not a state of to_node(...): {str(initial_state)[:200]}"
+                raise ValueError(msg)
+            load_pipeline_state(self.pipe, initial_state[self.STATE_KEY])
+        self._it = iter(self.pipe)
+
+    def next(self) -> T:
+        """The pipeline's next item (``StopIteration`` at the epoch's end)."""
+        assert self._it is not None  # BaseNode resets before the first next()
+        return next(self._it)
+
+    def get_state(self) -> dict[str, Any]:
+        """The pipeline's state between two items (see ``Resumable.state_dict``)."""
+        return {self.STATE_KEY: pipeline_state(self.pipe)}
+
+    def _close(self) -> None:
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()  # its reading ahead stops
+
+
+def to_node(pipe: IterDataPipe[T]) -> PipeNode[T]:
+    """A ``torchdata.nodes`` node over a recipe or chain, resumable exactly.
+
+    Raises:
+        ValueError: If a stage of the pipeline cannot be resumed (torch's ``shuffle``…).
+
+    Example:
+        >>> import shardpipes as sp
+        >>> from torchdata.nodes import Loader
+        >>> node = sp.to_node(sp.recipes.tar_shards("data/train-*.tar", seed=0))
+        >>> loader = Loader(node)  # state_dict() / load_state_dict() resume exactly
+    """
+    if not isinstance(pipe, IterDataPipe):
+        msg = f"to_node takes a shardpipes pipeline (got {type(pipe).__name__})"
+        raise TypeError(msg)
+    return PipeNode(pipe)
