@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import pickle
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -321,7 +322,31 @@ def decoder_for(table: Mapping[str, Decoder | None], field: str) -> Decoder | No
         return None
     if field in table:
         return table[field]
+    if field.lower().endswith(".gz"):  # gzipped: the inner extension's decoder after gunzip
+        inner = decoder_for(table, field[:-3])
+        return gunzip if inner is None else partial(_gunzipped, inner)
     return table.get(field.rsplit(".", 1)[-1])
+
+
+#: the most bytes a gzipped member may decompress to (a bigger one is refused, not read)
+GUNZIP_LIMIT = 1 << 30
+
+
+def gunzip(data: bytes) -> bytes:
+    """Decompress a gzipped member, refusing one over :data:`GUNZIP_LIMIT` bytes."""
+    inflate = zlib.decompressobj(wbits=31)  # a gzip header
+    out = inflate.decompress(data, GUNZIP_LIMIT)
+    if inflate.unconsumed_tail or not inflate.eof:
+        if inflate.unconsumed_tail:
+            msg = f"decompresses to more than {GUNZIP_LIMIT} bytes (GUNZIP_LIMIT): not read"
+            raise ValueError(msg)
+        msg = "a truncated gzip stream"
+        raise ValueError(msg)
+    return out
+
+
+def _gunzipped(inner: Decoder, data: bytes) -> Any:
+    return inner(gunzip(data))
 
 
 def decode_sample(sample: Mapping[str, Any], table: Mapping[str, Decoder | None]) -> dict[str, Any]:
