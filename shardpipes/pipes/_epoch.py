@@ -102,6 +102,33 @@ def _check_split(stages: list[Any], workers: int) -> None:
         raise ValueError(msg)
 
 
+def as_part(item: Any) -> ShardPart:
+    """What a reading stage reads, from an item of its source.
+
+    A :class:`ShardPart` (``split_shards``), a URL (``list_shards``, ``IterableWrapper``),
+    or a ``(URL, stream)`` pair, as torch's ``FileOpener`` and torchdata's
+    ``FSSpecFileOpener`` give: its stream is closed, the shard is opened by URL (so that it
+    can be read by range, resumed and retried).
+
+    Raises:
+        TypeError: Anything else, naming what it got.
+    """
+    if isinstance(item, ShardPart):
+        return item
+    if isinstance(item, str):
+        return ShardPart(item)
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+        close = getattr(item[1], "close", None)
+        if close is not None:
+            close()
+        return ShardPart(item[0])
+    msg = (
+        "open_tar reads shard URLs (list_shards, split_shards) or (URL, stream) pairs "
+        f"(FileOpener); got a {type(item).__name__}: {str(item)[:100]}"
+    )
+    raise TypeError(msg)
+
+
 def reading_of(stage: object) -> ShardReading | None:
     """The :class:`ShardReading` of a reading stage (``open_tar``, ``ShardStream``), else None."""
     reading = getattr(stage, "reading", None)
@@ -174,7 +201,7 @@ class ShardReading:
     def _located(
         self, position: Mapping[str, Any] | None, shuffling: Shuffling
     ) -> Iterator[Located]:
-        parts = (p if isinstance(p, ShardPart) else ShardPart(p) for p in self.source)
+        parts = (as_part(item) for item in self.source)
         size, seed = shuffling
         run = EpochRun(
             self.reader, parts, buffer_size=size, seed=seed, position=position, flight=self.flight

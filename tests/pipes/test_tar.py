@@ -134,3 +134,17 @@ class TestParts:
             for k in keys(IterableWrapper([ShardPart(data.urls[0], p, 3)]).open_tar(index=True))
         ]
         assert sorted(got) == data.keys
+
+
+def test_file_opener_output_is_read(make_shards: Callable[..., Dataset]) -> None:
+    """Torch's FileLister -> FileOpener pairs (URL, stream), as torchdata 0.9 users chain them."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.datapipes.iter import FileLister, FileOpener, IterableWrapper
+
+    data = make_shards(4, 5)
+    folder = str(Path(data.urls[0]).parent)
+    pipe = FileOpener(FileLister(folder, "*.tar").sharding_filter(), mode="b").open_tar()
+    keys = [s["__key__"] for s in DataLoader(pipe, batch_size=None, num_workers=2)]
+    assert sorted(keys) == sorted(data.keys)
+    with pytest.raises(TypeError, match=r"open_tar reads shard URLs .* got a int: 3"):
+        list(IterableWrapper([3]).open_tar())
