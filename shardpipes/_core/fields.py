@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardpipes._core.samples import SampleTuple
@@ -75,3 +75,47 @@ def pick_tuple(sample: Mapping[str, Any], fields: Alternatives) -> SampleTuple:
         (1, 2)
     """
     return SampleTuple(sample[pick(sample, names)] for names in fields)
+
+
+def rename(
+    sample: Mapping[str, Any], names: Mapping[str, tuple[str, ...]], *, keep: bool = True
+) -> dict[str, Any]:
+    """``sample`` with fields renamed: each new name takes the first alternative it has.
+
+    The fields taken leave under their old names; with ``keep=False`` only the new ones
+    (and ``__key__``, ``__url__``…) are left.
+
+    Raises:
+        MissingFieldError: The sample has none of one new name's alternatives.
+
+    Example:
+        >>> rename({"__key__": "a", "png": 1, "cls": 2, "txt": 3}, {"image": ("jpg", "png")})
+        {'__key__': 'a', 'cls': 2, 'txt': 3, 'image': 1}
+    """
+    chosen = {new: pick(sample, alternatives) for new, alternatives in names.items()}
+    taken = set(chosen.values())
+    out = {
+        name: value
+        for name, value in sample.items()
+        if name.startswith("__") or (keep and name not in taken)
+    }
+    out.update((new, sample[old]) for new, old in chosen.items())
+    return out
+
+
+def map_fields(
+    sample: Mapping[str, Any], functions: Mapping[str, Callable[[Any], Any]]
+) -> dict[str, Any]:
+    """``sample`` with ``functions[name]`` applied to its field ``name``, for each name.
+
+    Raises:
+        MissingFieldError: The sample lacks one of the fields.
+
+    Example:
+        >>> map_fields({"__key__": "a", "cls": b"3"}, {"cls": int})
+        {'__key__': 'a', 'cls': 3}
+    """
+    out = dict(sample)
+    for name, function in functions.items():
+        out[name] = function(sample[pick(sample, (name,))])
+    return out

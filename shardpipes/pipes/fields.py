@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from shardpipes._core import steps
-from shardpipes._core.fields import parse_fields, pick_tuple
+from shardpipes._core.fields import map_fields, parse_fields, pick_tuple, rename
 from shardpipes._core.handlers import Handler, check_handler
 from shardpipes.pipes._length import source_length
 from shardpipes.pipes._stage import SampleStage, upstream
 
-__all__ = ["TupleMaker"]
+__all__ = ["FieldMapper", "FieldRenamer", "TupleMaker"]
 
 
 @functional_datapipe("to_tuple")
@@ -63,6 +63,106 @@ class TupleMaker(SampleStage):
         pick = functools.partial(pick_tuple, fields=self._alternatives)
         source = upstream(self.source_datapipe, steps.wanted(self._alternatives))
         return steps.guarded(source, pick, self.handler)
+
+    def __len__(self) -> int:
+        return source_length(self)
+
+
+@functional_datapipe("rename_fields")
+class FieldRenamer(SampleStage):
+    """Renames the fields of each sample (functional name: ``rename_fields``).
+
+    webdataset's ``.rename(image="jpg;png", label="cls")``: each new name takes the first
+    of its ``;``-separated alternatives that the sample has, which leaves under its old
+    name. ``keep=False`` leaves only the new names (and ``__key__``, ``__url__``). Holds
+    nothing between samples, so a pipeline with it resumes as without.
+
+    Args:
+        source_datapipe: Sample dicts.
+        keep: Keep the fields not renamed.
+        handler: What to do with a sample that has none of a name's alternatives (as for
+            ``to_tuple``).
+        renames: New name → old name(s), as a dict: for a new name that is a keyword of
+            torch's functional forms (``cls``).
+        **more: New name → old name(s).
+
+    Example:
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> samples = [{"__key__": "a", "png": "A", "cls": 0}]
+        >>> list(IterableWrapper(samples).rename_fields(image="jpg;png", label="cls"))
+        [{'__key__': 'a', 'image': 'A', 'label': 0}]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[Mapping[str, Any]],
+        renames: Mapping[str, str] | None = None,
+        /,
+        *,
+        keep: bool = True,
+        handler: Handler = "raise",
+        **more: str,
+    ) -> None:
+        names = {**(renames or {}), **more}
+        if not names:
+            msg = "rename_fields needs at least one new=old name, e.g. image='jpg;png'"
+            raise ValueError(msg)
+        super().__init__()
+        self.source_datapipe = source_datapipe
+        self.names = {new: parse_fields((old,))[0] for new, old in names.items()}
+        self.keep = bool(keep)
+        self.handler = check_handler(handler)
+
+    def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
+        step = functools.partial(rename, names=self.names, keep=self.keep)
+        return steps.guarded(upstream(self.source_datapipe), step, self.handler)
+
+    def __len__(self) -> int:
+        return source_length(self)
+
+
+@functional_datapipe("map_fields")
+class FieldMapper(SampleStage):
+    """Applies a function to some fields of each sample (functional name: ``map_fields``).
+
+    webdataset's ``.map_dict(jpg=f, cls=g)``. Holds nothing between samples.
+
+    Args:
+        source_datapipe: Sample dicts.
+        handler: What to do with a sample that lacks one of the fields (as for
+            ``to_tuple``).
+        mapping: Field name → function of its value, as a dict: ``map_fields({"cls":
+            int})`` (``cls=`` is taken by torch's functional forms).
+        **more: Field name → function, as keywords: ``map_fields(jpg=f)``.
+
+    Example:
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> list(IterableWrapper([{"__key__": "a", "cls": b"3"}]).map_fields({"cls": int}))
+        [{'__key__': 'a', 'cls': 3}]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[Mapping[str, Any]],
+        mapping: Mapping[str, Callable[[Any], Any]] | None = None,
+        /,
+        *,
+        handler: Handler = "raise",
+        **more: Callable[[Any], Any],
+    ) -> None:
+        functions = {**(mapping or {}), **more}
+        bad = [name for name, function in functions.items() if not callable(function)]
+        if not functions or bad:
+            msg = f"map_fields takes field=function pairs (not callable: {bad})"
+            raise TypeError(msg)
+        super().__init__()
+        self.source_datapipe = source_datapipe
+        self.functions = dict(functions)
+        self.handler = check_handler(handler)
+
+    def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
+        step = functools.partial(map_fields, functions=self.functions)
+        return steps.guarded(upstream(self.source_datapipe), step, self.handler)
 
     def __len__(self) -> int:
         return source_length(self)

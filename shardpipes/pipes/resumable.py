@@ -14,7 +14,7 @@ from torch.utils.data.graph_settings import get_all_graph_pipes
 from shardpipes._core.policy import Stats
 from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, reading_of, readings
 from shardpipes.pipes.decode import SampleDecoder
-from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.shards import (
     ShardLister,
@@ -178,6 +178,8 @@ _PASSING = (
     ShardingFilter,
     SampleDecoder,
     TupleMaker,
+    FieldRenamer,
+    FieldMapper,
     SampleShuffler,  # its buffer is in the open_tar stage's state
     Mixer,  # its draws' position is in the pipeline's state ("mixes")
 )
@@ -198,6 +200,7 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ShardReading]:
                 f"a pipeline with {type(stage).__name__} cannot be resumed exactly: it holds "
                 "items between two batches that a checkpoint cannot describe. Resumable "
                 "stages: list_shards, split_shards, open_tar, shuffle_samples, decode, "
+                "rename_fields, map_fields, "
                 "to_tuple, map, filter, batch, collate, and the recipes. For a sample "
                 "shuffle buffer use .shuffle_samples(buffer_size=N) right after open_tar "
                 "(or a recipe's buffer_size), which saves its buffer as byte ranges; if you "

@@ -133,3 +133,66 @@ class TestTupleMaker:
         pipe = TupleMaker(IterableWrapper(_samples()).filter(bool), "cls")
         with pytest.raises(TypeError, match=r"^TupleMaker instance doesn't have valid length$"):
             len(pipe)
+
+
+def test_rename_fields_takes_the_first_alternative() -> None:
+    samples = [
+        {"__key__": "a", "__url__": "u", "png": "A", "cls": 0, "txt": "x"},
+        {"__key__": "b", "__url__": "u", "jpg": "B", "cls": 1},
+    ]
+    pipe = IterableWrapper(samples).rename_fields(image="jpg;png", label="cls")
+    assert list(pipe) == [
+        {"__key__": "a", "__url__": "u", "txt": "x", "image": "A", "label": 0},
+        {"__key__": "b", "__url__": "u", "image": "B", "label": 1},
+    ]
+    only = IterableWrapper(samples).rename_fields(image="jpg;png", keep=False)
+    assert [sorted(s) for s in only] == [["__key__", "__url__", "image"]] * 2
+    with pytest.raises(MissingFieldError, match=r"no field 'webp'"):
+        list(IterableWrapper(samples).rename_fields(image="webp"))
+    with pytest.warns(ShardpipesWarning):
+        kept = list(IterableWrapper(samples).rename_fields(text="txt", handler="warn"))
+    assert [s["__key__"] for s in kept] == ["a"]
+    with pytest.raises(ValueError, match="needs at least one new=old name"):
+        IterableWrapper(samples).rename_fields()
+
+
+def test_map_fields_applies_to_named_fields() -> None:
+    samples = [{"__key__": "a", "cls": b"3", "txt": b"hi"}]
+    pipe = IterableWrapper(samples).map_fields({"cls": int}, txt=bytes.decode)
+    assert list(pipe) == [{"__key__": "a", "cls": 3, "txt": "hi"}]
+    with pytest.raises(MissingFieldError, match=r"no field 'jpg'"):
+        list(IterableWrapper(samples).map_fields(jpg=len))
+    with pytest.raises(TypeError, match="not callable: \\['cls'\\]"):
+        IterableWrapper(samples).map_fields({"cls": 3})
+
+
+def test_a_chain_with_them_resumes_exactly(make_shards: Any) -> None:
+    """rename_fields and map_fields hold nothing: StatefulDataLoader resumes the chain."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import shardpipes as sp
+
+    data = make_shards(4, 9)
+
+    def chain() -> Any:
+        return (
+            sp.list_shards(data.urls)
+            .split_shards(shuffle=True, seed=1)
+            .open_tar()
+            .shuffle_samples(buffer_size=5, seed=1)
+            .rename_fields(label="cls", text="txt")
+            .map_fields(label=int)
+            .rename_fields({"cls": "label"})
+            .to_tuple("__key__", "cls")
+        )
+
+    whole = [k for k, _ in StatefulDataLoader(chain(), batch_size=None, num_workers=2)]
+    loader = StatefulDataLoader(chain(), batch_size=None, num_workers=2)
+    it = iter(loader)
+    before = [next(it)[0] for _ in range(13)]
+    state = loader.state_dict()
+    del it
+    again = StatefulDataLoader(chain(), batch_size=None, num_workers=2)
+    again.load_state_dict(state)
+    assert before + [k for k, _ in again] == whole
+    assert sorted(whole) == sorted(data.keys)
