@@ -251,7 +251,7 @@ def run_bench(
     _check("batch_size", batch_size, 1)
     if max_samples is not None:
         _check("max_samples", max_samples, 1)
-    check_image_mode(image)
+    image = check_image_mode(image)
     check_handler(handler)
     options = dict(storage_options or {})
     shards = _guard(partial(_list, urls, options))

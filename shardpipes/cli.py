@@ -111,12 +111,14 @@ def _parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", parents=[so], help="write URL.idx sidecar indexes")
     index.set_defaults(run=_index)
     index.add_argument("urls", nargs="+", metavar="URL", help="shard URLs, brace patterns, globs")
+    _add_progress(index)
     inspect = sub.add_parser("inspect", parents=[so], help="count shards, samples, extensions")
     inspect.set_defaults(run=_inspect)
     inspect.add_argument("url", metavar="URL", help="shard URL, brace pattern or glob")
     inspect.add_argument("--check", action="store_true",
                          help="read every member, decode every one (images included), list "
                               "the bad ones; exit 1 if any")  # fmt: skip
+    _add_progress(inspect)
     _add_bench(sub, so)
     return parser
 
@@ -133,8 +135,20 @@ def _add_bench(sub: Any, so: argparse.ArgumentParser) -> None:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--handler", choices=("raise", "warn", "ignore"), default="raise",
                        help="bad members/samples: stop (default), or skip and count")  # fmt: skip
-    bench.add_argument("--progress", action=argparse.BooleanOptionalAction,
-                       help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
+    _add_progress(bench)
+
+
+def _add_progress(command: argparse.ArgumentParser) -> None:
+    shown = "progress bars on stderr (default: when it is a terminal)"
+    command.add_argument("--progress", action=argparse.BooleanOptionalAction, help=shown)
+
+
+def _bar(args: argparse.Namespace, items: Sequence[Any], what: str) -> Any:
+    """``items`` with a progress bar on stderr, per ``--progress`` (else if it is a terminal)."""
+    from tqdm import tqdm
+
+    shown = args.progress if args.progress is not None else sys.stderr.isatty()
+    return tqdm(items, unit="shard", desc=what, file=sys.stderr, disable=not shown, leave=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -304,10 +318,10 @@ def _index(args: argparse.Namespace) -> int:
     from shardpipes.pipes.shards import ShardLister
 
     options = dict(args.storage_options)
-    for url in ShardLister(args.urls, storage_options=options):
-        if not url.endswith(".idx"):
-            target, count = write_index(url, storage_options=options)
-            print(f"{target}\t{_count(count, 'sample')}")
+    urls = [u for u in ShardLister(args.urls, storage_options=options) if not u.endswith(".idx")]
+    for url in _bar(args, urls, "index"):
+        target, count = write_index(url, storage_options=options)
+        print(f"{target}\t{_count(count, 'sample')}")
     return 0
 
 
@@ -331,7 +345,7 @@ def _inspect(args: argparse.Namespace) -> int:
     reader = ShardReader(storage_options=options, handler=policy)
     table = decoder_table("pil")
     counts, sizes = Counter[str](), defaultdict[str, int](int)
-    for url in urls:
+    for url in _bar(args, urls, "inspect"):
         for sample in reader.samples(url):
             for ext, data in sample.items():
                 if ext.startswith("__"):

@@ -534,3 +534,15 @@ class TestWriteTrainsWell:
             "t-01.tar",
         ]  # no .idx
         assert len(_read(str(tmp_path / "t-*.tar"))) == len(KEYS)  # not 2 × as many
+
+
+def test_index_and_inspect_show_progress_when_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pattern = _shards(tmp_path)
+    for command in ("index", "inspect"):
+        status, _, err = _run(capsys, command, pattern, "--progress")
+        assert status == 0
+        assert f"\r{command}: " in err and "/3 " in err  # the bar, on stderr
+        status, _, err = _run(capsys, command, pattern)
+        assert (status, err) == (0, "")  # not a terminal: no bar

@@ -135,7 +135,10 @@ def test_torch_core_list_is_current() -> None:
 def test_ours_are_disjoint_and_documented() -> None:
     """Ours: new names, not torch core's, not torchdata 0.9's, not IterDataPipe attributes."""
     _, ours = registered()
-    assert ours == {"split_shards", "open_tar", "shuffle_samples", "decode", "to_tuple"}
+    assert ours == {
+        "split_shards", "open_tar", "shuffle_samples", "decode", "to_tuple", "rename_fields",
+        "map_fields",
+    }  # fmt: skip
     assert not ours & TORCH_CORE
     assert not ours & TORCHDATA_09
     assert not ours & set(dir(IterDataPipe))

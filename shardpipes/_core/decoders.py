@@ -35,6 +35,7 @@ from shardpipes.errors import DecodeError, UnsafeDataError
 __all__ = [
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
+    "IMAGE_SPECS",
     "PICKLE_EXTENSIONS",
     "Decoder",
     "Decoding",
@@ -63,22 +64,45 @@ PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl"})
 _IMAGE_FORMATS = ("JPEG", "PNG", "PPM", "BMP", "GIF", "TIFF", "WEBP")
 
 
+#: webdataset's image specs that mean one of ours (RGB, uint8 for arrays and tensors)
+IMAGE_SPECS = {"pilrgb": "pil", "rgb8": "numpy", "torchrgb8": "torch"}
+
+
 def check_image_mode(image: str) -> str:
-    """Validate the ``image`` argument of ``decode``.
+    """Validate the ``image`` argument of ``decode``; webdataset's specs are understood.
 
     Args:
-        image: One of ``"pil"``, ``"numpy"``, ``"torch"``, ``"bytes"``.
+        image: One of ``"pil"``, ``"numpy"``, ``"torch"``, ``"bytes"``, or the webdataset
+            spec of one: ``"pilrgb"``, ``"rgb8"``, ``"torchrgb8"``.
 
     Returns:
-        ``image``, unchanged.
+        The mode: ``image``, or the one its spec means.
 
     Raises:
-        ValueError: For any other value.
+        ValueError: For any other value (webdataset's other specs name the way out).
+
+    Example:
+        >>> check_image_mode("rgb8")
+        'numpy'
     """
-    if image not in IMAGE_MODES:
-        msg = f"image must be one of {IMAGE_MODES} (got {image!r})"
-        raise ValueError(msg)
-    return image
+    if image in IMAGE_MODES:
+        return image
+    if image in IMAGE_SPECS:
+        return IMAGE_SPECS[image]
+    msg = f"image must be one of {IMAGE_MODES} (got {image!r})"
+    if isinstance(image, str) and image.lower() in _OTHER_SPECS:
+        msg += (
+            f": webdataset's {image!r} is not supported; shardpipes decodes images to RGB "
+            "uint8 ('pil', 'numpy' as rgb8, 'torch' as torchrgb8): convert after, e.g. "
+            "with map_fields"
+        )
+    raise ValueError(msg)
+
+
+_OTHER_SPECS = frozenset(
+    {"l8", "rgba8", "l", "rgb", "rgba", "torchl8", "torchrgba8", "torchl", "torchrgb",
+     "torchrgba", "pill", "pilrgba"}
+)  # fmt: skip
 
 
 def check_allow_pickle(allow_pickle: bool | Iterable[str]) -> frozenset[str]:
@@ -280,7 +304,7 @@ def default_decoders(
         >>> table["cls"](b" 7 ")
         7
     """
-    check_image_mode(image)
+    image = check_image_mode(image)
     check_size(resize, crop)
     allowed = check_allow_pickle(allow_pickle)
     image_decoder: Decoder | None = None

@@ -503,3 +503,18 @@ class TestResizeCrop:
     def test_bad_sizes(self, bad: Any) -> None:
         with pytest.raises(ValueError, match="must be a positive int"):
             IterableWrapper([]).decode(resize=bad)
+
+
+def test_webdataset_image_specs_are_understood() -> None:
+    """rgb8, torchrgb8 and pilrgb mean numpy, torch and pil; other specs say the way out."""
+    from shardpipes._core.decoders import check_image_mode
+
+    assert [check_image_mode(s) for s in ("rgb8", "torchrgb8", "pilrgb")] == [
+        "numpy",
+        "torch",
+        "pil",
+    ]
+    with pytest.raises(ValueError, match=r"webdataset's 'l8' is not supported; .*map_fields"):
+        check_image_mode("l8")
+    with pytest.raises(ValueError, match=r"image must be one of"):
+        check_image_mode("jpeg")
