@@ -28,6 +28,8 @@ from shardpipes.errors import DecodeError, ShardpipesError
 __all__ = ["main"]
 
 _UNSAFE = re.compile(r"[^\w-]+")
+#: a file's extension as a sample's field: ".JPEG" images are read as "jpg;png" expects
+_EXTENSIONS = {"jpeg": "jpg", "tif": "tiff"}
 
 
 class _UsageError(Exception):
@@ -101,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     limit.add_argument("--samples-per-shard", type=_positive, help="max samples per shard")
     write.add_argument("--shuffle", action="store_true",
                        help="shuffle the samples across all shards (see --seed)")  # fmt: skip
-    write.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
+    write.add_argument("--seed", type=int, help="seed of --shuffle (default 0)")
     write.add_argument("--classes", metavar="URL",
                        help="label by this class list: the classes.json written beside other "
                             "shards (e.g. train's), or a text file of one name per line; "
@@ -206,11 +208,14 @@ def _write(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    if args.seed is not None and not args.shuffle:
+        msg = "--seed is the seed of --shuffle: give --shuffle too"
+        raise _UsageError(msg)
     options = dict(args.storage_options)
     given = _read_classes(args.classes, options) if args.classes else None
     classes, images = _list_images(args.src, options, given)
     if args.shuffle:
-        random.Random(args.seed).shuffle(images)
+        random.Random(args.seed or 0).shuffle(images)
     old = _existing(args.out, options)
     if old and not args.overwrite:
         msg = (
@@ -283,7 +288,9 @@ def _existing(pattern: str, options: dict[str, Any]) -> list[str]:
 def _list_images(
     src: str, options: dict[str, Any], given: list[str] | None
 ) -> tuple[list[str], list[tuple[str, str, int, str]]]:
-    """The class list, and ``(key, ext, label, url)`` of every image under ``src``'s classes.
+    """The class list, and ``(key, field, label, url)`` of every image under ``src``'s classes.
+
+    The field is the file's extension, lower-cased, ``jpeg`` as ``jpg``.
 
     Labels index ``given`` when it is given (a class folder not in it is an error), else
     the sorted class folders.
@@ -309,7 +316,7 @@ def _list_images(
             n += 1
             key = f"{base}_{n}"
         keys.add(key)
-        found.append((key, ext.lower(), label[parts[0]], url))
+        found.append((key, _EXTENSIONS.get(ext.lower(), ext.lower()), label[parts[0]], url))
     return classes, found
 
 

@@ -9,7 +9,9 @@ always give the same bytes, and keys checked to be safe file names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardpipes import fs
@@ -76,6 +78,9 @@ class _Writer:
 class ShardWriter(_Writer):
     """Write samples to numbered shards, as webdataset's ``ShardWriter`` does.
 
+    Its ``maxcount``, ``maxsize``, ``start_shard``, ``post`` and ``verbose``; not its
+    ``opener`` (give ``storage_options`` for any fsspec URL).
+
     A new shard starts when the current one holds ``maxcount`` samples or would pass
     ``maxsize`` bytes (a sample larger than that gets a shard of its own). If the ``with``
     block raises, the shard being written is removed; the finished ones stay.
@@ -85,6 +90,9 @@ class ShardWriter(_Writer):
             ``"s3://bucket/train-%06d.tar"``.
         maxcount: Samples per shard at most.
         maxsize: Bytes per shard at most (an int or a float such as ``3e9``).
+        start_shard: The number of the first shard.
+        post: Called with each shard's URL once it is finished (to upload it, say).
+        verbose: Print each finished shard on stderr.
         storage_options: Passed to the fsspec filesystem.
 
     Example:
@@ -102,18 +110,25 @@ class ShardWriter(_Writer):
         maxcount: int = 100_000,
         maxsize: float = 3e9,
         *,
+        start_shard: int = 0,
+        post: Callable[[str], object] | None = None,
+        verbose: int = 0,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         options = dict(storage_options or {})
-        super().__init__(
-            TarShardWriter(
-                pattern,
-                opener=lambda url: fs.open_output(url, options),
-                max_samples=_positive("maxcount", maxcount),
-                max_bytes=_positive("maxsize", maxsize),
-                remove=lambda url: fs.remove_file(url, options),
-            )
+        writer = TarShardWriter(
+            pattern,
+            opener=lambda url: fs.open_output(url, options),
+            max_samples=_positive("maxcount", maxcount),
+            max_bytes=_positive("maxsize", maxsize),
+            remove=lambda url: fs.remove_file(url, options),
         )
+        if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
+            msg = f"start_shard must be a non-negative int (got {start_shard!r})"
+            raise ValueError(msg)
+        writer.first = start_shard
+        writer.post = functools.partial(_finished, post, verbose)
+        super().__init__(writer)
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -150,6 +165,13 @@ class TarWriter(_Writer):
 
     def __enter__(self) -> TarWriter:
         return self
+
+
+def _finished(post: Callable[[str], object] | None, verbose: int, shard: ShardInfo) -> None:
+    if verbose:
+        print(f"# wrote {shard.url}: {shard.samples} samples, {shard.size} bytes", file=sys.stderr)
+    if post is not None:
+        post(shard.url)
 
 
 def _positive(name: str, value: float) -> int:

@@ -30,7 +30,7 @@ from shardpipes.recipes import available
 FILES = {
     "zebra/b.png": ("zebra/b", "png", 2),
     "zebra/a.JPG": ("zebra/a", "jpg", 2),
-    "zebra/c.jpeg": ("zebra/c", "jpeg", 2),
+    "zebra/c.jpeg": ("zebra/c", "jpg", 2),  # stored as jpg: what "jpg;png" expects
     "ant/x y.jpg": ("ant/x_y", "jpg", 0),
     "ant/nested/deep.png": ("ant/nested/deep", "png", 0),
     "ant/v1.2.png": ("ant/v1_2", "png", 0),

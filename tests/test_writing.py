@@ -198,3 +198,64 @@ def test_gzipped_members_decode_by_their_inner_extension(
     pipe = sp.list_shards(str(tmp_path / "g.tar")).open_tar().decode()
     with pytest.raises(sp.DecodeError, match=r"bin\.gz.*more than 4096 bytes"):
         list(pipe)
+
+
+def test_closed_empty_and_webdataset_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From a new-user trial: writing after close, an empty archive, start_shard/post/verbose."""
+    one = sp.TarWriter(str(tmp_path / "empty.tar"))
+    one.close()
+    assert (tmp_path / "empty.tar").stat().st_size == 1024  # a valid, empty tar
+    assert list(sp.list_shards(str(tmp_path / "empty.tar")).open_tar()) == []
+    with pytest.raises(ValueError, match=r"empty\.tar: the writer is closed"):
+        one.write({"__key__": "a", "txt": "x"})
+    posted: list[str] = []
+    with sp.ShardWriter(
+        str(tmp_path / "w-%02d.tar"), maxcount=2, start_shard=5, post=posted.append, verbose=1
+    ) as sink:
+        for sample in samples()[:3]:
+            sink.write(sample)
+    assert posted == [str(tmp_path / "w-05.tar"), str(tmp_path / "w-06.tar")]
+    assert f"# wrote {tmp_path / 'w-05.tar'}: 2 samples" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the writer is closed"):
+        sink.write(samples()[3])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("jpg", "hello", r"a str under 'jpg', a binary format: it takes a PIL image"),
+        ("npy", "1,2", r"a str under 'npy', a binary format: it takes a numpy array"),
+        ("jpg", PIL.Image.new("RGBA", (4, 4)), r"RGBA image under a JPEG extension: .*png or webp"),
+        ("png", np.full((4, 4), 2.0, np.float32), r"values in \[0, 1\] \(got 2.0\.\.2.0\)"),
+        ("png", np.zeros((4, 4), np.uint16), r"must be uint8, or float in \[0, 1\] \(got uint16\)"),
+    ],
+)  # fmt: skip
+def test_values_a_format_cannot_hold(tmp_path: Path, field: str, value: Any, match: str) -> None:
+    with sp.TarWriter(str(tmp_path / "x.tar")) as sink, pytest.raises(TypeError, match=match):
+        sink.write({"__key__": "k", field: value})
+
+
+def test_float_images_and_pickled_text(tmp_path: Path) -> None:
+    gray = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
+    with sp.TarWriter(str(tmp_path / "f.tar")) as sink:
+        sink.write({"__key__": "k", "png": gray, "pyd": "text, pickled"})
+    raw = next(iter(sp.list_shards(str(tmp_path / "f.tar")).open_tar()))
+    assert np.array_equal(np.asarray(PIL.Image.open(io.BytesIO(raw["png"]))), (gray * 255).round())
+    assert pickle.loads(raw["pyd"]) == "text, pickled"  # written by this test
+    with pytest.raises(ValueError, match=r"the key would come back as 'img'; .*'img_0001'"):
+        sp.TarWriter(str(tmp_path / "d.tar")).write({"__key__": "img.0001", "txt": "x"})
+
+
+def test_a_member_that_is_not_its_format_says_so(tmp_path: Path) -> None:
+    """Bytes under npy/pth that are no such file: 'not an .npy array', not 'unpickles'."""
+    for name, field, data in (("n", "npy", b"1,2,3"), ("p", "pth", b"hello")):
+        with sp.TarWriter(str(tmp_path / f"{name}.tar")) as sink:
+            sink.write({"__key__": "k", field: data})
+    decoded = sp.list_shards(str(tmp_path / "n.tar")).open_tar().decode()
+    with pytest.raises(sp.DecodeError, match=r"not an \.npy array"):
+        list(decoded)
+    decoded = sp.list_shards(str(tmp_path / "p.tar")).open_tar().decode()
+    with pytest.raises(sp.DecodeError, match=r"not a torch\.save file"):
+        list(decoded)

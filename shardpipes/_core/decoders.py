@@ -229,6 +229,9 @@ def _decode_json(data: bytes) -> Any:
 
 
 def _decode_npy(data: bytes) -> Any:
+    if not data.startswith(b"\x93NUMPY"):  # numpy.load would try to unpickle it
+        msg = "not an .npy array (no \\x93NUMPY header)"
+        raise ValueError(msg)
     with _no_object_arrays("npy"):
         return numpy.load(io.BytesIO(data), allow_pickle=False)
 

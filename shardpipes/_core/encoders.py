@@ -42,6 +42,7 @@ _NUMBERS = frozenset(["cls", "cls2", "class", "count", "index", "inx", "id", "la
 _JSON = frozenset({"json", "jsn"})
 _PICKLE = frozenset({"pyd", "pickle", "pkl"})
 _MSGPACK = frozenset({"mp", "msgpack"})
+_BINARY = frozenset({*IMAGE_FORMATS, "npy", "npz", "pth", "pt"})
 
 
 def encode_value(key: str, field: str, value: Any) -> bytes:
@@ -55,11 +56,17 @@ def encode_value(key: str, field: str, value: Any) -> bytes:
     if name.endswith(".gz"):
         inner = encode_value(key, field[:-3], value)
         return gzip.compress(inner, mtime=0)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode("utf-8")
     ext = name.rsplit(".", 1)[-1]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)  # already encoded: stored as it is
+    if isinstance(value, str) and ext in _BINARY:
+        msg = (
+            f"sample {key!r} field {field!r}: a str under {ext!r}, a binary format: "
+            f"{_takes(ext)}, or its encoded bytes"
+        )
+        raise TypeError(msg)
+    if isinstance(value, str) and ext not in _PICKLE | _MSGPACK:
+        return value.encode("utf-8")
     encoder = _encoder(ext, value)
     if encoder is None:
         msg = (
@@ -100,7 +107,7 @@ def _takes(ext: str) -> str:
     if ext == "pth":
         return "it takes a tensor, or a dict or list of them"
     if ext in IMAGE_FORMATS:
-        return "it takes a PIL image, or a uint8 array or tensor"
+        return "it takes a PIL image, or a uint8 (or [0, 1] float) array or tensor"
     return "give bytes or str, or name the field by what it holds: cls, json, npy, pth, png…"
 
 
@@ -148,10 +155,7 @@ def _pth(value: Any) -> bytes:
 
 def _image_like(value: Any) -> bool:
     module = type(value).__module__
-    if module.startswith("PIL."):
-        return True
-    dtype = str(getattr(value, "dtype", ""))
-    return module in ("numpy", "torch") and dtype in ("uint8", "torch.uint8")
+    return module.startswith("PIL.") or module in ("numpy", "torch")
 
 
 def _image(value: Any, fmt: str) -> bytes:
@@ -161,6 +165,7 @@ def _image(value: Any, fmt: str) -> bytes:
     image = value
     if not isinstance(value, PIL.Image.Image):
         array = value.numpy() if type(value).__module__ == "torch" else value
+        array = _as_uint8(array)
         if type(value).__module__ == "torch" and array.ndim == 3:
             array = numpy.transpose(array, (1, 2, 0))  # CHW to HWC
         if array.ndim == 3 and array.shape[2] == 1:
@@ -169,6 +174,9 @@ def _image(value: Any, fmt: str) -> bytes:
             msg = f"an image array must be HW or HWC with 1, 3 or 4 channels (got {array.shape})"
             raise TypeError(msg)
         image = PIL.Image.fromarray(numpy.ascontiguousarray(array))
+    if fmt == "JPEG" and image.mode in ("RGBA", "LA", "PA"):
+        msg = f"a {image.mode} image under a JPEG extension: JPEG has no alpha (use png or webp)"
+        raise TypeError(msg)
     if fmt == "JPEG" and image.mode not in ("RGB", "L", "CMYK"):
         image = image.convert("RGB")
     out = io.BytesIO()
@@ -185,3 +193,21 @@ def _msgpack(value: Any) -> bytes:
         raise ImportError(msg) from exc
     packed: bytes = msgpack.packb(value, use_bin_type=True)
     return packed
+
+
+def _as_uint8(array: Any) -> Any:
+    """An image array as uint8: floats in [0, 1] scaled (as webdataset does), else refused."""
+    import numpy
+
+    if array.dtype == numpy.uint8:
+        return array
+    if array.dtype.kind == "f":
+        if array.size and (array.min() < 0 or array.max() > 1):
+            msg = (
+                f"a float image array must hold values in [0, 1] (got {array.min()}.."
+                f"{array.max()}): scale it, or give uint8"
+            )
+            raise TypeError(msg)
+        return (array * 255).round().astype(numpy.uint8)
+    msg = f"an image array must be uint8, or float in [0, 1] (got {array.dtype})"
+    raise TypeError(msg)

@@ -149,7 +149,12 @@ def _key_problem(key: str) -> str | None:
     if "." in parts or "" in parts:
         return "it has an empty or '.' component"
     if "." in parts[-1]:
-        return "its last component holds a dot"
+        stem = parts[-1].split(".", 1)[0]
+        return (
+            f"its last component holds a dot: readers split a member name at that dot, so "
+            f"the key would come back as {stem!r}; replace the dots (e.g. "
+            f"{parts[-1].replace('.', '_')!r})"
+        )
     return None
 
 
@@ -243,6 +248,9 @@ class TarShardWriter:
         self.pattern = pattern if single else check_pattern(pattern)
         self.single = single
         self.remove = remove
+        self.first = 0  # the number of the first shard
+        self.post: Callable[[ShardInfo], object] | None = None  # called as each one is finished
+        self.closed = False
         if not callable(opener):
             msg = f"opener must be callable (got {opener!r})"
             raise TypeError(msg)
@@ -273,6 +281,9 @@ class TarShardWriter:
                 the sample has no fields, or its key repeats the previous sample's key.
             TypeError: A field is neither bytes nor str.
         """
+        if self.closed:
+            msg = f"{self.pattern}: the writer is closed"
+            raise ValueError(msg)
         key, data = encode_sample(sample)
         if self._stream is not None and self._full(len(data)):
             self._finish()
@@ -280,10 +291,8 @@ class TarShardWriter:
             msg = f"key {key!r} repeats the previous sample's key (it would merge with it)"
             raise ValueError(msg)
         if self._stream is None:
-            if self.single and self.shards:
-                msg = f"{self.pattern}: the archive is closed"
-                raise ValueError(msg)
-            self._url = self.pattern if self.single else self.pattern % len(self.shards)
+            number = self.first + len(self.shards)
+            self._url = self.pattern if self.single else self.pattern % number
             self._stream = self.opener(self._url)
         self._stream.write(data)
         self._count += 1
@@ -303,12 +312,21 @@ class TarShardWriter:
             stream.write(_TRAILER)
         finally:
             stream.close()
-        self.shards.append(ShardInfo(self._url, self._count, self._size + len(_TRAILER)))
+        finished = ShardInfo(self._url, self._count, self._size + len(_TRAILER))
+        self.shards.append(finished)
         self._count, self._size, self._last_key = 0, 0, None
+        if self.post is not None:
+            self.post(finished)
 
     def close(self) -> list[ShardInfo]:
-        """Finish the current shard; return every shard written."""
+        """Finish the current shard; return every shard written.
+
+        One archive (``single``) with no sample is written all the same: an empty tar.
+        """
+        if self.single and not self.shards and self._stream is None and not self.closed:
+            self._url, self._stream = self.pattern, self.opener(self.pattern)
         self._finish()
+        self.closed = True
         return list(self.shards)
 
     def abort(self) -> None:
@@ -320,6 +338,7 @@ class TarShardWriter:
             if self.remove is not None:
                 self.remove(self._url)
         self._count, self._size, self._last_key = 0, 0, None
+        self.closed = True
 
     def __enter__(self) -> TarShardWriter:
         return self

@@ -96,8 +96,9 @@ def _check_split(stages: list[Any], workers: int) -> None:
         msg = (
             f"the shards are read in {workers} DataLoader workers, but nothing splits them "
             "between the workers: each worker would read every shard, and every sample "
-            "would come once per worker. Add .split_shards() after list_shards() (or torch's "
-            ".sharding_filter())"
+            "would come once per worker. Split the list of shards before open_tar: "
+            ".split_shards() after list_shards(), or torch's .sharding_filter() on the file "
+            "list (before FileOpener); one after open_tar would come too late"
         )
         raise ValueError(msg)
 

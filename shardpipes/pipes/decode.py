@@ -129,6 +129,9 @@ def load_weights(data: bytes) -> Any:
         UnsafeDataError: The member holds more than tensors and plain data (loading it
             would unpickle it, which executes arbitrary code).
     """
+    if not data.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip, or its old pickle
+        msg = "not a torch.save file (neither its zip nor its pickle header)"
+        raise ValueError(msg)
     try:
         return torch.load(io.BytesIO(data), weights_only=True)
     except pickle.UnpicklingError as exc:
