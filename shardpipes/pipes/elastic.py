@@ -18,15 +18,12 @@ from shardpipes._core.elastic import (
     buffer_seed_of,
     left_over,
     replay,
-    share,
     size_of,
-    unit_from_list,
     unit_to_list,
 )
 from shardpipes._core.mixing import replay_draws
-from shardpipes._core.split import ShardPart, SplitPlanner, split_blocks
+from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, reading_of, readings
-from shardpipes.pipes.index import shard_ranges
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Resumable, mixers
 from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
@@ -93,11 +90,7 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
         units = plan.left(delivered)
         index = {url: i for i, url in enumerate(plan.urls)}
         saved = plan.saved
-        elastic = {
-            "epoch": saved["epoch"],
-            "seed": saved["seed"],
-            "units": [unit_to_list(unit, index) for unit in units],
-        }
+        elastic = {"units": [unit_to_list(unit, index) for unit in units]}
         pinned = {
             "seed": saved["seed"], "epoch": saved["epoch"], "shards": len(plan.urls),
             "digest": _digest(plan.urls), "elastic": elastic,
@@ -271,7 +264,6 @@ class _Plan:
             )
             raise ValueError(msg)
         self.splitter, self.urls, self.saved, self.buffer = splitter, urls, saved, buffer
-        self._found: dict[str, tuple[Any, bool]] = {}
         self.indexed = reading.reader.index is not False  # else (k, m) parts are strided
         self.total = int(saved.get("workers", 1))  # none had begun: the epoch from its start
         self.per_rank = len(ranks[0])  # a rank's loader workers
@@ -282,27 +274,16 @@ class _Plan:
                 split = _split_of(worker)
                 if "workers" in split:
                     self.states[int(split["worker"])] = worker
-        counts = None
-        if saved.get("even"):
-            counts = [len(self.ranges(url)) for url in urls]
-        self.planner = SplitPlanner(
-            urls, shuffle=saved.get("shuffle", splitter.shuffle_shards), seed=saved["seed"],
-            epoch=saved["epoch"], counts=counts,
-        )  # fmt: skip
         self.elastic = saved.get("elastic")
         self._parts: dict[int, list[ShardPart]] = {}
 
     def ranges(self, url: str) -> Any:
         """A shard's sample ranges (in the uncompressed tar), found once."""
-        if url not in self._found:
-            options, index = self.splitter.storage_options, self.splitter.index.get(url)
-            self._found[url] = shard_ranges(url, options, index)
-        return self._found[url][0]
+        return self.splitter.shard_ranges(url)[0]
 
     def streamed(self, url: str) -> bool:
         """Whether the reader streams the shard (compressed, or ``index=False``)."""
-        self.ranges(url)
-        return self._found[url][1] or not self.indexed
+        return self.splitter.shard_ranges(url)[1] or not self.indexed
 
     @property
     def complete(self) -> bool:
@@ -310,31 +291,19 @@ class _Plan:
         return self.given == self.total or not self.states
 
     def parts(self, worker: int) -> list[ShardPart]:
-        """Global worker ``worker``'s parts in the saved epoch, in reading order."""
+        """Global worker ``worker``'s parts in the saved epoch, in reading order.
+
+        The splitter's own split, with the saved seed, epoch, shard order and (an epoch
+        itself resumed elsewhere) units; ``even`` and the block size are checked to match.
+        """
         if worker not in self._parts:
-            self._parts[worker] = [self._spanned(p) for p in self._plan(worker)]
-        return self._parts[worker]
-
-    def _plan(self, worker: int) -> list[ShardPart]:
-        if self.elastic is not None:  # itself the rest of an epoch resumed elsewhere
-            units = [unit_from_list(u, self.urls) for u in self.elastic["units"]]
-            return share(units, self.total, worker, even=bool(self.saved.get("even")))
-        if self.saved.get("blocks"):
-            counts = [len(self.ranges(url)) for url in self.urls]
-            return split_blocks(
-                self.urls, counts, self.saved["blocks"], seed=self.saved["seed"],
-                epoch=self.saved["epoch"], total=self.total, worker=worker,
-                even=bool(self.saved.get("even")),
+            saved = self.saved
+            self._parts[worker] = self.splitter.parts_for(
+                self.urls, seed=saved["seed"], epoch=saved["epoch"], total=self.total,
+                worker=worker, shuffle=saved.get("shuffle"),
+                units=None if self.elastic is None else self.elastic["units"],
             )  # fmt: skip
-        return self.planner.plan(1, 0, self.total, worker)
-
-    def _spanned(self, part: ShardPart) -> ShardPart:
-        if part.span is not None or part.stop is None or part.parts != 1:
-            return part
-        if self.streamed(part.url) and self._found[part.url][1]:
-            return part  # compressed: read from its start, not by range
-        ranges = self.ranges(part.url)
-        return part._replace(span=(ranges[part.start][0], ranges[part.stop - 1][1]))
+        return self._parts[worker]
 
     def saved_left(self, worker: int) -> list[ShardPart]:
         """What a worker whose state was given left (all, if it had not begun)."""

@@ -16,7 +16,6 @@ __all__ = [
     "index_url",
     "is_gzip",
     "read_index",
-    "sample_count",
     "shard_ranges",
     "write_index",
 ]
@@ -94,14 +93,6 @@ def read_index(
     with fs.open_input(target, storage_options, retry) as f:
         data = f.read()
     return load_index(data, url=target, shard_size=fs.size(url, storage_options, retry))
-
-
-def sample_count(
-    url: str, storage_options: Mapping[str, Any], index: str | None = None
-) -> Ranges | int:
-    """A shard's sample ranges (from its index, or a header scan), or a gzip shard's count."""
-    ranges, compressed = shard_ranges(url, storage_options, index)
-    return len(ranges) if compressed else ranges
 
 
 def shard_ranges(

@@ -22,7 +22,7 @@ from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.split import ShardPart, global_worker, split_blocks, split_plan
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import NoShardsError, ShardNotFoundError
-from shardpipes.pipes.index import Ranges, sample_count
+from shardpipes.pipes.index import Ranges, shard_ranges
 
 __all__ = [
     "ShardLister",
@@ -270,7 +270,9 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self._epoch_set = False  # set_epoch was called (a loaded state must agree with it)
         self._shared_seed: int | None = None
         self._begun = 0  # iterations this copy of the pipe has begun
-        self._counts: dict[str, Ranges | int] = {}  # even split: ranges (or a count) by URL
+        # each shard's sample ranges (uncompressed offsets) and whether it is compressed, by
+        # URL: for the even and block splits, and resume_from
+        self._ranges: dict[str, tuple[Ranges, bool]] = {}
         self._lengths: dict[str, int | None] = {}  # len(): sample counts from .idx sidecars
         self._used: dict[str, Any] | None = None  # what the last plan was made of
         self._pinned: dict[str, Any] | None = None  # a loaded state, for the next plan
@@ -337,7 +339,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             "workers": total, "worker": worker, "even": self.even,
             "shuffle": self.shuffle_shards, "seeded": self.seed is not None,
         }  # fmt: skip
-        if self.block_shuffle is not None and self.shuffle_shards:
+        if self._blocks(self.shuffle_shards):
             used["blocks"] = self.block_shuffle
         elastic: Mapping[str, Any] | None = None
         if self._elastic is not None and self._elastic["epoch"] == epoch:
@@ -351,16 +353,43 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             _check_state(elastic, used, fixed_seed=self.seed, epoch_set=False)
             seed, epoch = used["seed"], used["epoch"] = elastic["seed"], elastic["epoch"]
             used["elastic"] = elastic["elastic"]
-            units = [unit_from_list(u, urls) for u in elastic["elastic"]["units"]]
-            parts = share(units, total, worker, even=self.even)
-        else:
-            counted = self.even or "blocks" in used
-            counts = [self._count(url) for url in urls] if counted else None
-            if "blocks" in used:
-                self._check_ranged(urls)
-            parts = self.split(urls, counts, seed=seed, epoch=epoch, total=total, worker=worker)
         self._used = used
-        return [self._span(part) for part in parts] if self.even or "blocks" in used else parts
+        units = None if elastic is None else elastic["elastic"]["units"]
+        return self.parts_for(urls, seed=seed, epoch=epoch, total=total, worker=worker,
+                              units=units)  # fmt: skip
+
+    def parts_for(
+        self,
+        urls: list[str],
+        *,
+        seed: int,
+        epoch: int,
+        total: int,
+        worker: int,
+        shuffle: bool | None = None,
+        units: Sequence[Sequence[Any]] | None = None,
+    ) -> list[ShardPart]:
+        """Worker ``worker`` of ``total``'s parts in an epoch, as this stage splits it.
+
+        The split plan, the block split, or, given the ``units`` an epoch resumed on another
+        topology left (``resume_from``), this worker's share of them; with their byte spans
+        where the split counted the samples. ``shuffle``: as the epoch was read (default
+        this stage's).
+        """
+        shuffle = self.shuffle_shards if shuffle is None else shuffle
+        if units is not None:
+            left = [unit_from_list(unit, urls) for unit in units]
+            parts = share(left, total, worker, even=self.even)
+        else:
+            counted = self.even or self._blocks(shuffle)
+            counts = [self._count(url) for url in urls] if counted else None
+            if self._blocks(shuffle):
+                self._check_ranged(urls)
+            parts = self.split(urls, counts, seed=seed, epoch=epoch, total=total, worker=worker,
+                               shuffle=shuffle)  # fmt: skip
+        if self.even or self._blocks(shuffle):
+            return [self._span(part) for part in parts]
+        return parts
 
     def split(
         self,
@@ -371,25 +400,42 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         epoch: int,
         total: int,
         worker: int,
+        shuffle: bool | None = None,
     ) -> list[ShardPart]:
         """Worker ``worker`` of ``total``'s parts, the split this stage makes (no byte spans).
 
         ``counts`` (the shards' sample counts) are needed with ``even`` or ``block_shuffle``.
+        ``shuffle``: as the epoch was read (default this stage's).
         """
-        if self.block_shuffle is not None and self.shuffle_shards:
+        shuffle = self.shuffle_shards if shuffle is None else shuffle
+        size = self._blocks(shuffle)
+        if size:
             assert counts is not None
             return split_blocks(
-                urls, counts, self.block_shuffle, seed=seed, epoch=epoch, total=total,
+                urls, counts, size, seed=seed, epoch=epoch, total=total,
                 worker=worker, even=self.even,
             )  # fmt: skip
         return split_plan(
-            urls, shuffle=self.shuffle_shards, seed=seed, epoch=epoch, num_workers=total,
+            urls, shuffle=shuffle, seed=seed, epoch=epoch, num_workers=total,
             worker_id=worker, counts=counts if self.even else None,
         )  # fmt: skip
 
+    def _blocks(self, shuffle: bool) -> int:
+        """The block size of the block split (0: not split by block)."""
+        return self.block_shuffle if self.block_shuffle is not None and shuffle else 0
+
+    def shard_ranges(self, url: str) -> tuple[Ranges, bool]:
+        """A shard's sample ranges (uncompressed offsets), and whether it is compressed.
+
+        From its index, else a scan of its headers; once per shard and process.
+        """
+        if url not in self._ranges:
+            self._ranges[url] = shard_ranges(url, self.storage_options, self.index.get(url))
+        return self._ranges[url]
+
     def _check_ranged(self, urls: list[str]) -> None:
         for url in urls:
-            if isinstance(self._counts[url], int):
+            if self.shard_ranges(url)[1]:
                 msg = (
                     f"{url}: block_shuffle reads blocks by byte range, which a compressed "
                     "shard cannot give: use uncompressed .tar shards, or block_shuffle=None"
@@ -484,19 +530,14 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             self._pinned = None
 
     def _count(self, url: str) -> int:
-        if url not in self._counts:
-            self._counts[url] = sample_count(url, self.storage_options, self.index.get(url))
-        found = self._counts[url]
-        return found if isinstance(found, int) else len(found)
+        return len(self.shard_ranges(url)[0])
 
     def _span(self, part: ShardPart) -> ShardPart:
-        if part.span is not None:
+        """``part`` with the byte span of its samples, where it is a range of a plain tar."""
+        if part.span is not None or part.stop is None or part.parts != 1:
             return part
-        ranges = self._counts.get(part.url)
-        if ranges is None:
-            self._count(part.url)
-            ranges = self._counts[part.url]
-        if isinstance(ranges, int) or part.stop is None:
+        ranges, compressed = self.shard_ranges(part.url)
+        if compressed:  # read from its start, not by range
             return part
         return part._replace(span=(ranges[part.start][0], ranges[part.stop - 1][1]))
 
