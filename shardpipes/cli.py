@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from shardpipes import fs
 from shardpipes._core.decoders import IMAGE_MODES
-from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size
+from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size, pattern_parts
 from shardpipes.errors import DecodeError, ShardpipesError
 
 __all__ = ["main"]
@@ -252,9 +252,7 @@ def classes_url(pattern: str) -> str:
         >>> classes_url("out/train-%06d.tar")
         'out/train-classes.json'
     """
-    field = re.search(r"%[-+ #0]*\d*[diu]", pattern)
-    assert field is not None  # check_pattern made sure
-    return pattern[: field.start()] + "classes.json"
+    return pattern_parts(pattern)[0] + "classes.json"
 
 
 def _read_classes(url: str, options: dict[str, Any]) -> list[str]:
@@ -278,9 +276,9 @@ def _read_classes(url: str, options: dict[str, Any]) -> list[str]:
 
 def _existing(pattern: str, options: dict[str, Any]) -> list[str]:
     """The files that already match a shard pattern (its number field as ``*``)."""
-    glob = re.sub(r"%[-+ #0]*\d*[diu]", "*", pattern)
+    head, tail = pattern_parts(pattern)
     try:
-        return sorted(fs.glob(glob, options))
+        return sorted(fs.glob(f"{head}*{tail}", options))
     except FileNotFoundError:
         return []
 

@@ -28,6 +28,7 @@ __all__ = [
     "check_pattern",
     "encode_sample",
     "parse_size",
+    "pattern_parts",
 ]
 
 BLOCK = 512
@@ -65,6 +66,18 @@ def check_pattern(pattern: str) -> str:
         msg = f"pattern must hold exactly one integer field such as %06d (got {pattern!r})"
         raise ValueError(msg)
     return pattern
+
+
+def pattern_parts(pattern: str) -> tuple[str, str]:
+    """The text before and after a shard pattern's integer field (``%%`` as ``%``).
+
+    Example:
+        >>> pattern_parts("out/100%%/train-%06d.tar")
+        ('out/100%/train-', '.tar')
+    """
+    field = next(m for m in _FIELD.finditer(check_pattern(pattern)) if m.group(1) != "%")
+    head, tail = pattern[: field.start()], pattern[field.end() :]
+    return head.replace("%%", "%"), tail.replace("%%", "%")
 
 
 def size_option(name: str, size: int | str, minimum: int, example: str) -> int:
