@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -19,7 +20,7 @@ from shardpipes import fs
 from shardpipes._core.braces import expand_braces
 from shardpipes._core.elastic import share, unit_from_list
 from shardpipes._core.epochs import EpochCounter
-from shardpipes._core.split import ShardPart, global_worker, split_blocks, split_plan
+from shardpipes._core.split import ShardPart, SplitPlanner, global_worker, split_blocks
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import NoShardsError, ShardNotFoundError
 from shardpipes.pipes.index import Ranges, shard_ranges
@@ -415,10 +416,17 @@ class ShardSplitter(ShardingFilterIterDataPipe):
                 urls, counts, size, seed=seed, epoch=epoch, total=total,
                 worker=worker, even=self.even,
             )  # fmt: skip
-        return split_plan(
-            urls, shuffle=shuffle, seed=seed, epoch=epoch, num_workers=total,
-            worker_id=worker, counts=counts if self.even else None,
-        )  # fmt: skip
+        # one planner per shard list, seed and epoch: its order is computed once for every
+        # worker asked (resume_from replays them all)
+        key = (shuffle, seed, epoch, self.even)
+        cached = _PLANNERS.get(self)
+        if cached is None or cached[0] is not urls or cached[1] != key:
+            planner = SplitPlanner(
+                urls, shuffle=shuffle, seed=seed, epoch=epoch,
+                counts=counts if self.even else None,
+            )  # fmt: skip
+            cached = _PLANNERS[self] = (urls, key, planner)
+        return cached[2].plan(1, 0, total, worker)
 
     def _blocks(self, shuffle: bool) -> int:
         """The block size of the block split (0: not split by block)."""
@@ -540,6 +548,13 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         if compressed:  # read from its start, not by range
             return part
         return part._replace(span=(ranges[part.start][0], ranges[part.stop - 1][1]))
+
+
+#: each splitter's last SplitPlanner: (its shard list, (shuffle, seed, epoch, even), it);
+#: held beside the splitter, not in it, so that it is never pickled to the workers
+_PLANNERS: weakref.WeakKeyDictionary[ShardSplitter, tuple[list[str], Any, SplitPlanner]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _digest(urls: Sequence[str]) -> str:
