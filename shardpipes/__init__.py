@@ -37,6 +37,7 @@ from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.elastic import resume_from
 from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.flow import EpochCycler, ItemPrefetcher, SampleLimiter
 from shardpipes.pipes.index import build_index, read_index, write_index
 from shardpipes.pipes.mix import Mixer, mix
 from shardpipes.pipes.reader import ReadOptions
@@ -57,13 +58,16 @@ __all__ = [
     "Batch",
     "BatchDict",
     "DecodeError",
+    "EpochCycler",
     "ErrorPolicy",
+    "ItemPrefetcher",
     "MissingFieldError",
     "Mixer",
     "NoShardsError",
     "ReadOptions",
     "Resumable",
     "SampleDecoder",
+    "SampleLimiter",
     "SampleShuffler",
     "ShardIndexError",
     "ShardLister",

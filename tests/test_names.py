@@ -137,7 +137,7 @@ def test_ours_are_disjoint_and_documented() -> None:
     _, ours = registered()
     assert ours == {
         "split_shards", "open_tar", "shuffle_samples", "decode", "to_tuple", "rename_fields",
-        "map_fields",
+        "map_fields", "limit_samples", "cycle_epochs", "prefetch_items",
     }  # fmt: skip
     assert not ours & TORCH_CORE
     assert not ours & TORCHDATA_09

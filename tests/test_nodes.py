@@ -80,3 +80,24 @@ def test_what_cannot_be_resumed_is_refused(data: Dataset) -> None:
     node = sp.to_node(recipe(data))
     with pytest.raises(ValueError, match="not a state of to_node"):
         node.reset({"something": 1})
+
+
+@pytest.mark.parametrize("stop", [1, 5, 11])
+def test_cycle_limit_and_prefetch_resume_under_the_loader(data: Dataset, stop: int) -> None:
+    """An endless cycle cut at 150 samples, batched and prefetched: the same rest."""
+
+    def make() -> Any:
+        return recipe(data).cycle_epochs().limit_samples(150).batch(7).prefetch_items(3)
+
+    def batches(loader: Any) -> list[list[str]]:
+        return [keys(batch) for batch in loader]
+
+    whole = batches(Loader(sp.to_node(make())))
+    assert sum(map(len, whole)) == 150
+    first = Loader(sp.to_node(make()))
+    items = iter(first)
+    before = [keys(next(items)) for _ in range(stop)]
+    state = first.state_dict()
+    second = Loader(sp.to_node(make()))
+    second.load_state_dict(state)
+    assert before + batches(second) == whole

@@ -17,7 +17,8 @@ A block that imports ``shardpipes`` is a self-contained example: it must import 
 uses. Any other block continues the page and starts with the first block's imports. Names a
 block uses without defining them come from `GIVEN`; none else (a ``NameError`` fails).
 
-Then real data must have gone through: every pass of a ``for … in loader`` loop, else one
+Then real data must have gone through: every pass of a ``for … in loader`` loop (cut into
+passes over the shards where the block has ``cycle_epochs``), else one
 iteration of the block's ``loader``, else one of each pipe it built, must yield each
 sample exactly once (by label: see `tests.realdata`). A block that crashes fails.
 """
@@ -258,14 +259,21 @@ def assert_epoch(items: list[Any], shards: RealShards, what: str) -> None:
     assert not missing and not extra, f"{what}: missing labels {missing}, extra {extra}"
 
 
-def epochs_of(loops: list[list[Any]], shards: RealShards) -> list[list[Any]]:
-    """The loops' items cut into epochs (a loop left early and the one resuming it are one)."""
+def epochs_of(
+    loops: list[list[Any]], shards: RealShards, *, passes: bool = False
+) -> list[list[Any]]:
+    """The loops' items cut into epochs (a loop left early and the one resuming it are one).
+
+    With ``passes`` (a block with ``cycle_epochs``), a loop is cut too, after each item that
+    completes a pass over the shards.
+    """
     epochs, current = [], []
     for items in loops:
-        current += items
-        if sum(len(labels_of(item)) for item in current) >= len(shards.labels):
-            epochs.append(current)
-            current = []
+        for item in items if passes else [items]:
+            current += [item] if passes else item
+            if sum(len(labels_of(x)) for x in current) >= len(shards.labels):
+                epochs.append(current)
+                current = []
     return [*epochs, current] if current else epochs
 
 
@@ -297,7 +305,11 @@ def test_readme_block(
         exec(compile(tree, str(README), "exec"), namespace)
 
         if recorder.loops:
-            for n, items in enumerate(epochs_of(recorder.loops, real_shards), start=1):
+            passes = "cycle_epochs(" in block.code
+            epochs = epochs_of(recorder.loops, real_shards, passes=passes)
+            if passes:
+                assert len(epochs) > 1, "a cycling block's loop read no second pass"
+            for n, items in enumerate(epochs, start=1):
                 assert_epoch(items, real_shards, f"epoch {n} of the block's loops")
         elif "loader" in namespace:
             assert_epoch(list(namespace["loader"]), real_shards, "the block's loader")

@@ -55,6 +55,7 @@ __all__ = [
     "global_worker",
     "part_samples",
     "shard_order",
+    "share",
     "split_blocks",
     "split_plan",
 ]
@@ -112,6 +113,14 @@ def global_worker(world_size: int, rank: int, num_workers: int, worker_id: int) 
         msg = f"worker_id must be in range(num_workers={num_workers}) (got {worker_id})"
         raise ValueError(msg)
     return world_size * num_workers, worker_id * world_size + rank
+
+
+def share(n: int, total: int, worker: int) -> int:
+    """Worker ``worker``'s share of ``n`` items over ``total`` workers.
+
+    ``n // total``, the first ``n % total`` workers one more: the shares add up to ``n``.
+    """
+    return n // total + (worker < n % total)
 
 
 def _check_worker(total: int, worker: int) -> None:

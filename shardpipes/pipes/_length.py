@@ -67,12 +67,25 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
         TypeError: The length is not known (the message says why).
     """
     from shardpipes.pipes.decode import SampleDecoder
-    from shardpipes.pipes.fields import TupleMaker
+    from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
+    from shardpipes.pipes.flow import EpochCycler, ItemPrefetcher, SampleLimiter
     from shardpipes.pipes.mix import Mixer
     from shardpipes.pipes.shuffle import SampleShuffler
     from shardpipes.pipes.stream import ShardStream
     from shardpipes.pipes.tar import TarOpener
 
+    if isinstance(pipe, SampleLimiter):
+        quota = pipe.quota(total, worker)
+        try:
+            return min(quota, worker_length(pipe.source_datapipe, total, worker))
+        except TypeError:
+            if endless(pipe.source_datapipe):
+                return quota
+            raise
+    if isinstance(pipe, EpochCycler):
+        if pipe.count is None:
+            no_length(pipe, "cycle_epochs() without count never ends")
+        return pipe.count * worker_length(pipe.source_datapipe, total, worker)
     if isinstance(pipe, Mixer):
         if pipe.resample:
             no_length(pipe, "resample=True: its epoch never ends")
@@ -88,7 +101,10 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
         return n if pipe.batch_size is None else _batches(n, pipe.batch_size, pipe.drop_last)
     if isinstance(pipe, TarOpener):
         return split_samples(pipe, pipe.source_datapipe, total, worker)
-    if isinstance(pipe, SampleShuffler | SampleDecoder | TupleMaker):
+    if isinstance(
+        pipe,
+        SampleShuffler | SampleDecoder | TupleMaker | FieldRenamer | FieldMapper | ItemPrefetcher,
+    ):
         return worker_length(pipe.source_datapipe, total, worker)
     if isinstance(pipe, Batcher):
         n = worker_length(pipe.datapipe, total, worker)
@@ -96,6 +112,26 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
     if isinstance(pipe, Mapper):  # map, collate: one item out per item in
         return worker_length(pipe.datapipe, total, worker)
     no_length(pipe, "shardpipes cannot count what this stage yields")
+
+
+def endless(pipe: Any) -> bool:
+    """Whether ``pipe`` never ends an epoch.
+
+    An endless ``cycle_epochs`` or a ``mix`` with ``resample``, looked for through the
+    stages before it (not past a ``limit_samples``).
+    """
+    from shardpipes.pipes.flow import EpochCycler, SampleLimiter
+    from shardpipes.pipes.mix import Mixer
+
+    while pipe is not None:
+        if isinstance(pipe, SampleLimiter):
+            return False
+        if isinstance(pipe, EpochCycler):
+            return pipe.count is None
+        if isinstance(pipe, Mixer):
+            return pipe.resample
+        pipe = getattr(pipe, "source_datapipe", getattr(pipe, "datapipe", None))
+    return False
 
 
 def _batches(n: int, size: int, drop_last: bool) -> int:

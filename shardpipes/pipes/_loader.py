@@ -22,12 +22,10 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
-from shardpipes.pipes._epoch import ShardReading, readings
 from shardpipes.pipes._length import loader_length
-from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import (
+    Positions,
     load_pipeline_state,
-    mixers,
     pipeline_state,
     reads_shards,
 )
@@ -81,14 +79,11 @@ StatefulPipeWrapper.__iter__ = _iter  # type: ignore[method-assign,assignment]
 
 
 def _pending(pipe: IterDataPipe[Any]) -> bool:
-    stages: list[ShardReading | Mixer] = [*readings(pipe), *mixers(pipe)]
-    return any(stage.pending() for stage in stages)
+    return Positions(pipe).pending()
 
 
 def _drop(pipe: IterDataPipe[Any]) -> None:
-    stages: list[ShardReading | Mixer] = [*readings(pipe), *mixers(pipe)]
-    for stage in stages:
-        stage.drop_loaded()
+    Positions(pipe).drop_loaded()
 
 
 def _len(self: StatefulPipeWrapper) -> int:

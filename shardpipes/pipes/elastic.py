@@ -25,7 +25,7 @@ from shardpipes._core.mixing import replay_draws
 from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, reading_of, readings
 from shardpipes.pipes.mix import Mixer
-from shardpipes.pipes.resumable import Resumable, mixers
+from shardpipes.pipes.resumable import Positions, Resumable, mixers
 from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
 
 __all__ = ["resume_from"]
@@ -107,6 +107,15 @@ def _stages(
     pipe: IterDataPipe[Any],
 ) -> tuple[list[tuple[ShardReading, ShardSplitter]], Mixer | None]:
     """The reading stages with their splitters (in the state's order), and the mix, if any."""
+    held = Positions(pipe).held
+    if held:
+        msg = (
+            "resume_from cannot yet resume a pipeline with "
+            f"{', '.join(sorted({type(stage).__name__ for stage in held}))} (limit_samples, "
+            "cycle_epochs, prefetch_items) on another topology: resume it on the same number "
+            "of ranks and workers (load_state_dict)"
+        )
+        raise ValueError(msg)
     mixes = mixers(pipe)
     if len(mixes) > 1:
         msg = "resume_from resumes at most one mix on another topology"

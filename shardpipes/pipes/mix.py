@@ -15,8 +15,9 @@ from torch.utils.data import IterDataPipe
 
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
+from shardpipes._core.split import share
 from shardpipes.pipes._length import local_length, no_length
-from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, splitters, worker_placement
+from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, placement_of, splitters
 
 __all__ = ["Mixer", "mix"]
 
@@ -162,10 +163,7 @@ class Mixer(IterDataPipe[dict[str, Any]]):
 
     def _placement(self) -> tuple[int, int]:
         """``(total workers, this one's global index)``, as the sources' splits see it."""
-        for source in self.sources.values():
-            for splitter in splitters(source):
-                return splitter.placement()  # apply_sharding's, if it was called
-        return worker_placement()
+        return placement_of(self)
 
     def draw_seed(self, epoch: int, worker: int) -> str:
         """The seed of global worker ``worker``'s draws in ``epoch``."""
@@ -185,7 +183,7 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 f"({total}): some would have no sample to give"
             )
             raise ValueError(msg)
-        return self.epoch_size // total + (worker < self.epoch_size % total)
+        return share(self.epoch_size, total, worker)
 
     def _next(self, streams: dict[str, Iterator[Any]], name: str) -> Any | None:
         """The next sample of source ``name``; ``None`` when it has run out.

@@ -15,6 +15,7 @@ from shardpipes._core.policy import Stats
 from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, reading_of, readings
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
+from shardpipes.pipes.flow import ItemPrefetcher, Positioned
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.shards import (
     ShardLister,
@@ -26,6 +27,7 @@ from shardpipes.pipes.shards import (
 from shardpipes.pipes.shuffle import SampleShuffler
 
 __all__ = [
+    "Positions",
     "Resumable",
     "load_pipeline_state",
     "pipeline_state",
@@ -120,20 +122,104 @@ class Resumable(IterableDataset[T]):
         load_pipeline_state(self.pipe, state)
 
 
+class Positions:
+    """The stages of a pipeline that hold a position, found once, asked as often as needed.
+
+    The reading stages (``open_tar``, ``ShardStream``), the mixes, and the stages with a
+    count of their own (``limit_samples``, ``cycle_epochs``, ``prefetch_items``). The
+    stages upstream of a ``prefetch_items`` run ahead of what was delivered: their states
+    are the ones it delivered last (its snapshot), not their live ones.
+
+    Args:
+        pipe: The pipeline.
+    """
+
+    def __init__(self, pipe: IterDataPipe[Any]) -> None:
+        graph = get_all_graph_pipes(traverse_dps(pipe))
+        self.readings = [r for r in map(reading_of, graph) if r is not None]
+        self.mixes = [s for s in graph if isinstance(s, Mixer)]
+        self.held = [s for s in graph if isinstance(s, Positioned)]
+        self.prefetchers = [s for s in self.held if isinstance(s, ItemPrefetcher)]
+
+    def _all(self) -> list[ShardReading | Mixer | Positioned]:
+        return [*self.readings, *self.mixes, *self.held]
+
+    def states(self) -> dict[int, Any]:
+        """Every stage's state, by ``id`` of the stage (of its reading, for a reading stage)."""
+        out: dict[int, Any] = {}
+        snapshots = [s for s in (p.upstream_states() for p in self.prefetchers) if s]
+        # an outer prefetch's snapshot holds the inner ones' stages (and them): it goes first
+        for snapshot in sorted(snapshots, key=len, reverse=True):
+            for key, value in snapshot.items():
+                out.setdefault(key, value)
+        for stage in self._all():
+            if id(stage) not in out:
+                out[id(stage)] = stage.state_dict()
+        return out
+
+    def pipeline_state(self) -> dict[str, Any]:
+        """The pipeline's state (see :func:`pipeline_state`)."""
+        states = self.states()
+        state: dict[str, Any] = {
+            "version": VERSION,
+            "stages": [states[id(r)] for r in self.readings],
+        }
+        if self.mixes:
+            state["mixes"] = [states[id(m)] for m in self.mixes]
+        if self.held:
+            state["held"] = [states[id(h)] for h in self.held]
+        return state
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Load a :meth:`pipeline_state` (see :func:`load_pipeline_state`)."""
+        if not isinstance(state, Mapping) or state.get("version") != VERSION:
+            msg = f"not a shardpipes pipeline state of version {VERSION}: {str(state)[:200]}"
+            raise ValueError(msg)
+        saved = state.get("stages")
+        if not isinstance(saved, list):
+            msg = f"not a shardpipes pipeline state (no list of stages): {str(state)[:200]}"
+            raise ValueError(msg)
+        if len(saved) != len(self.readings):
+            msg = f"the state has {len(saved)} reading stages, this pipeline {len(self.readings)}"
+            raise ValueError(msg)
+        saved_mixes, saved_held = state.get("mixes", []), state.get("held", [])
+        if len(saved_mixes) != len(self.mixes):
+            msg = f"the state has {len(saved_mixes)} mix stages, this pipeline {len(self.mixes)}"
+            raise ValueError(msg)
+        names = [type(h).__name__ for h in self.held]
+        if len(saved_held) != len(self.held):
+            msg = (
+                f"the state has {len(saved_held)} limit/cycle/prefetch stages, this pipeline "
+                f"{len(self.held)} ({', '.join(names) or 'none'})"
+            )
+            raise ValueError(msg)
+        for holder, sub in zip(self.held, saved_held, strict=True):
+            holder.load_state_dict(sub)
+        for mixer, sub in zip(self.mixes, saved_mixes, strict=True):
+            mixer.load_state_dict(sub)
+        for stage, sub in zip(self.readings, saved, strict=True):
+            stage.load_state_dict(sub)
+
+    def pending(self) -> bool:
+        """Whether a loaded state waits for an iteration to begin."""
+        return any(stage.pending() for stage in self._all())
+
+    def drop_loaded(self) -> None:
+        """Drop the loaded states no iteration began from (their epochs count as done)."""
+        for stage in self._all():
+            stage.drop_loaded()
+
+
 def pipeline_state(pipe: IterDataPipe[Any]) -> dict[str, Any]:
     """The state of a pipeline: its reading stages' states, between two items it yields.
+
+    With the mixes' draws and the limit, cycle and prefetch stages' counts.
 
     Raises:
         ValueError: If the pipeline cannot be resumed (see :func:`reading_stages`).
     """
-    state: dict[str, Any] = {
-        "version": VERSION,
-        "stages": [s.state_dict() for s in reading_stages(pipe)],
-    }
-    mixes = mixers(pipe)
-    if mixes:
-        state["mixes"] = [m.state_dict() for m in mixes]
-    return state
+    reading_stages(pipe)
+    return Positions(pipe).pipeline_state()
 
 
 def mixers(pipe: IterDataPipe[Any]) -> list[Mixer]:
@@ -147,25 +233,8 @@ def load_pipeline_state(pipe: IterDataPipe[Any], state: Mapping[str, Any]) -> No
     Raises:
         ValueError: If the pipeline cannot be resumed, or the state is not one of its shape.
     """
-    stages = reading_stages(pipe)
-    if not isinstance(state, Mapping) or state.get("version") != VERSION:
-        msg = f"not a shardpipes pipeline state of version {VERSION}: {str(state)[:200]}"
-        raise ValueError(msg)
-    saved = state.get("stages")
-    if not isinstance(saved, list):
-        msg = f"not a shardpipes pipeline state (no list of stages): {str(state)[:200]}"
-        raise ValueError(msg)
-    if len(saved) != len(stages):
-        msg = f"the state has {len(saved)} reading stages, this pipeline {len(stages)}"
-        raise ValueError(msg)
-    mixes, saved_mixes = mixers(pipe), state.get("mixes", [])
-    if len(saved_mixes) != len(mixes):
-        msg = f"the state has {len(saved_mixes)} mix stages, this pipeline {len(mixes)}"
-        raise ValueError(msg)
-    for mixer, sub in zip(mixes, saved_mixes, strict=True):
-        mixer.load_state_dict(sub)
-    for stage, sub in zip(stages, saved, strict=True):
-        stage.load_state_dict(sub)
+    reading_stages(pipe)
+    Positions(pipe).load(state)
 
 
 # stages that hold no item between two items the pipeline yields: a state taken there is
@@ -182,6 +251,7 @@ _PASSING = (
     FieldMapper,
     SampleShuffler,  # its buffer is in the open_tar stage's state
     Mixer,  # its draws' position is in the pipeline's state ("mixes")
+    Positioned,  # limit_samples, cycle_epochs, prefetch_items: their counts too ("held")
 )
 
 
@@ -200,8 +270,8 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ShardReading]:
                 f"a pipeline with {type(stage).__name__} cannot be resumed exactly: it holds "
                 "items between two batches that a checkpoint cannot describe. Resumable "
                 "stages: list_shards, split_shards, open_tar, shuffle_samples, decode, "
-                "rename_fields, map_fields, "
-                "to_tuple, map, filter, batch, collate, and the recipes. For a sample "
+                "rename_fields, map_fields, to_tuple, map, filter, batch, collate, "
+                "limit_samples, cycle_epochs, prefetch_items, and the recipes. For a sample "
                 "shuffle buffer use .shuffle_samples(buffer_size=N) right after open_tar "
                 "(or a recipe's buffer_size), which saves its buffer as byte ranges; if you "
                 "do not resume, use torch.utils.data.DataLoader"

@@ -29,6 +29,7 @@ __all__ = [
     "ShardLister",
     "ShardSplitter",
     "distributed",
+    "placement_of",
     "set_epoch",
     "splitters",
     "worker_placement",
@@ -619,6 +620,17 @@ def lister_options(pipe: Any) -> dict[str, Any] | None:
 def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
     return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+
+
+def placement_of(pipe: IterDataPipe[Any]) -> tuple[int, int]:
+    """``(total workers, this one's global index)`` as the splits upstream of ``pipe`` see it.
+
+    The first ``split_shards`` stage's (``apply_sharding``'s, if the DataLoader called
+    it), else this process's DataLoader worker and rank.
+    """
+    for splitter in splitters(pipe):
+        return splitter.placement()
+    return worker_placement()
 
 
 #: a source's next pass within one epoch of ``mix(epoch_size=...)`` is its split's epoch
