@@ -41,6 +41,8 @@ def samples() -> list[dict[str, Any]]:
             "pth": {"emb": torch.arange(4, dtype=torch.float32) * i},
             "bin": bytes([i]) * 10,
             "txt.gz": f"compressed {i}",
+            "ten": [rng.standard_normal((2, i + 1)).astype(np.float32), np.arange(i + 3, dtype=np.uint8)],
+            "mp": {"id": i, "values": [1.5, "x", None]},
         })  # fmt: skip
     return out
 
@@ -70,6 +72,15 @@ def test_written_shards_read_back_in_shardpipes(tmp_path: Path) -> None:
         assert torch.equal(back["pth"]["emb"], want["pth"]["emb"])
         assert back["bin"] == want["bin"]
         assert back["txt.gz"] == want["txt.gz"]  # gunzipped, then decoded as txt
+        assert_arrays(back["ten"], want["ten"])
+        assert back["mp"] == want["mp"]
+
+
+def assert_arrays(got: list[Any], want: list[Any]) -> None:
+    assert len(got) == len(want)
+    for x, y in zip(got, want, strict=True):
+        assert x.dtype == y.dtype
+        assert np.array_equal(x, y)
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")  # webdataset leaves its files open
@@ -89,6 +100,8 @@ def test_written_shards_read_back_in_webdataset(tmp_path: Path) -> None:
         assert np.array_equal(back["npy"], want["npy"])
         assert torch.equal(back["pth"]["emb"], want["pth"]["emb"])
         assert back["txt.gz"] == want["txt.gz"]  # webdataset decompresses .gz itself
+        assert_arrays(back["ten"], want["ten"])
+        assert back["mp"] == want["mp"]
     del dataset, got
     gc.collect()  # its open files' warnings here, under this test's filters
 

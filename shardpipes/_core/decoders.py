@@ -8,7 +8,9 @@ Fields whose name starts with ``"__"`` (``__key__``, ``__url__``) are never deco
 Safety: pickle extensions (``pyd``, ``pickle``, ``pkl``) are refused with
 :class:`~shardpipes.errors.UnsafeDataError` unless the caller opts in, ``npy``/``npz``
 are loaded with ``allow_pickle=False``, ``pth``/``pt`` with ``weights_only=True``, images
-only through Pillow's raster plugins, and Pillow's decompression-bomb limit
+only through Pillow's raster plugins, ``ten``/``tb`` (webdataset's tenbin arrays) by a
+reader that checks every length against the member, ``mp``/``msg``/``msgpack`` with
+msgpack's ``unpackb`` (plain data; msgpack is optional), and Pillow's decompression-bomb limit
 (``PIL.Image.MAX_IMAGE_PIXELS``) is left as it is: an image over twice the limit fails
 with :class:`~shardpipes.errors.DecodeError`; one over the limit makes Pillow emit its
 ``DecompressionBombWarning``, which becomes a ``DecodeError`` where warnings are errors.
@@ -30,6 +32,7 @@ import PIL.Image
 import PIL.ImageFile
 
 from shardpipes._core.samples import ShardSample
+from shardpipes._core.tenbin import decode_tenbin
 from shardpipes.errors import DecodeError, UnsafeDataError
 
 __all__ = [
@@ -256,6 +259,18 @@ def _no_object_arrays(ext: str) -> Iterator[None]:
         raise UnsafeDataError(problem) from exc
 
 
+def _decode_msgpack(data: bytes) -> Any:
+    try:
+        import msgpack  # type: ignore[import-untyped]
+    except ImportError as exc:
+        msg = (
+            "decoding .mp / .msgpack members needs msgpack: pip install msgpack (or "
+            "shardpipes[msgpack]); or keep them as bytes with decode(mp=None)"
+        )
+        raise ImportError(msg) from exc
+    return msgpack.unpackb(data)  # plain data: no code runs, keys must be str or bytes
+
+
 def _to_tensor(
     tensor: Callable[[Any], Any], data: bytes, *, resize: int | None, crop: int | None
 ) -> Any:
@@ -322,6 +337,8 @@ def default_decoders(
     table.update(dict.fromkeys(("cls", "cls2", "index", "label"), _decode_int))
     table.update(txt=_decode_text, text=_decode_text, json=_decode_json)
     table.update(npy=_decode_npy, npz=_decode_npz, pth=weights, pt=weights)
+    table.update(dict.fromkeys(("ten", "tb"), decode_tenbin))
+    table.update(dict.fromkeys(("mp", "msg", "msgpack"), _decode_msgpack))
     for ext in PICKLE_EXTENSIONS:
         table[ext] = _decode_pickle if ext in allowed else partial(_refuse_pickle, ext=ext)
     return table

@@ -18,7 +18,9 @@ label``
 ``jpg jpeg png webp ppm pgm pbm bmp tif   a PIL image, or a uint8 array (``HW``/``HWC``,
 tiff``                                    1, 3 or 4 channels) or tensor (``CHW``/``HW``)
 ``pyd pickle pkl``                        anything, pickled: only under these names
-``mp msgpack``                            anything msgpack packs (optional dependency)
+``mp msg msgpack``                        anything msgpack packs (optional dependency)
+``ten tb``                                a numpy array, or a list of them (webdataset's
+                                          tenbin; reads back as a list)
 ========================================  ==========================================
 """
 
@@ -31,6 +33,8 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+from shardpipes._core.tenbin import encode_tenbin
+
 __all__ = ["IMAGE_FORMATS", "encode_value"]
 
 #: Pillow's format name for each image extension the writer encodes
@@ -41,8 +45,9 @@ IMAGE_FORMATS = {
 _NUMBERS = frozenset(["cls", "cls2", "class", "count", "index", "inx", "id", "label"])
 _JSON = frozenset({"json", "jsn"})
 _PICKLE = frozenset({"pyd", "pickle", "pkl"})
-_MSGPACK = frozenset({"mp", "msgpack"})
-_BINARY = frozenset({*IMAGE_FORMATS, "npy", "npz", "pth", "pt"})
+_MSGPACK = frozenset({"mp", "msg", "msgpack"})
+_TENBIN = frozenset({"ten", "tb"})
+_BINARY = frozenset({*IMAGE_FORMATS, "npy", "npz", "pth", "pt", *_TENBIN})
 
 
 def encode_value(key: str, field: str, value: Any) -> bytes:
@@ -96,6 +101,8 @@ def _encoder(ext: str, value: Any) -> Callable[[Any], bytes] | None:
         return lambda v: pickle.dumps(v, protocol=4)
     if ext in _MSGPACK:
         return _msgpack
+    if ext in _TENBIN and _arrays(value):
+        return lambda v: encode_tenbin(list(v) if isinstance(v, list | tuple) else [v])
     return None
 
 
@@ -108,6 +115,8 @@ def _takes(ext: str) -> str:
         return "it takes a tensor, or a dict or list of them"
     if ext in IMAGE_FORMATS:
         return "it takes a PIL image, or a uint8 (or [0, 1] float) array or tensor"
+    if ext in _TENBIN:
+        return "it takes a numpy array, or a list of them"
     return "give bytes or str, or name the field by what it holds: cls, json, npy, pth, png…"
 
 
@@ -121,6 +130,11 @@ def _is_int(value: Any) -> bool:
         and getattr(value, "dtype", None) is not None
         and (value.dtype.kind in "iu" and getattr(value, "ndim", 1) == 0)
     )
+
+
+def _arrays(value: Any) -> bool:
+    items = value if isinstance(value, list | tuple) else [value]
+    return bool(items) and all(type(v).__module__ == "numpy" and hasattr(v, "dtype") for v in items)
 
 
 def _json(value: Any) -> bytes:
@@ -187,7 +201,7 @@ def _image(value: Any, fmt: str) -> bytes:
 
 def _msgpack(value: Any) -> bytes:
     try:
-        import msgpack  # type: ignore[import-not-found]
+        import msgpack  # type: ignore[import-untyped]
     except ImportError as exc:
         msg = "the .mp / .msgpack extension needs msgpack: pip install msgpack"
         raise ImportError(msg) from exc

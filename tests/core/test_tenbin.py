@@ -1,0 +1,147 @@
+"""``.ten`` (webdataset's tenbin) and ``.mp`` (msgpack) members (issue 15 §3).
+
+The same bytes as webdataset's encoder; shards written by webdataset's own ``TarWriter``
+decode; damaged or hostile tenbin is a ``DecodeError`` naming the shard and member.
+"""
+
+from __future__ import annotations
+
+import gc
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shardpipes as sp
+from shardpipes._core.tenbin import MAGIC, decode_tenbin, encode_tenbin
+from shardpipes.errors import DecodeError
+
+ARRAYS = [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.array([[-1, 2]], dtype=np.int64),
+    np.zeros((0, 3), dtype=np.uint8),
+    np.ones((2, 2, 2), dtype=np.float16),
+    np.arange(5, dtype=np.int16),
+]
+
+
+def test_the_same_bytes_as_webdataset_both_ways() -> None:
+    tenbin = pytest.importorskip("webdataset.tenbin")
+    ours = encode_tenbin(ARRAYS)
+    assert ours == bytes(tenbin.encode_buffer(ARRAYS))
+    for got, want in zip(tenbin.decode_buffer(ours), ARRAYS, strict=True):
+        assert np.array_equal(got, want)
+    back = decode_tenbin(bytes(tenbin.encode_buffer(ARRAYS)))
+    assert [a.dtype for a in back] == [a.dtype for a in ARRAYS]
+    assert all(np.array_equal(a, b) for a, b in zip(back, ARRAYS, strict=True))
+    assert all(a.flags.writeable for a in back)  # torch.from_numpy takes them as they are
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_shards_written_by_webdataset_decode(tmp_path: Path) -> None:
+    wds = pytest.importorskip("webdataset")
+    url = str(tmp_path / "wds-000.tar")
+    with wds.TarWriter(url) as sink:
+        for i in range(3):
+            sink.write({
+                "__key__": f"k{i}",
+                "ten": [np.full((2, i + 1), i, dtype=np.float32)],
+                "mp": {"id": i, "tags": ["a", "b"]},
+                "cls": i,
+            })  # fmt: skip
+    gc.collect()
+    got = list(sp.list_shards(url).open_tar().decode())
+    assert [s["mp"] for s in got] == [{"id": i, "tags": ["a", "b"]} for i in range(3)]
+    for i, sample in enumerate(got):
+        (array,) = sample["ten"]
+        assert array.shape == (2, i + 1)
+        assert (array == i).all()
+
+
+def header(code: str, shape: tuple[int, ...], *, ndim: int | None = None) -> bytes:
+    fields = [code, "", len(shape) if ndim is None else ndim, *shape]
+    return b"".join(
+        f.encode().ljust(8, b"\0") if isinstance(f, str) else struct.pack("<q", f) for f in fields
+    )
+
+
+def chunk(body: bytes, *, size: int | None = None) -> bytes:
+    length = len(body) if size is None else size
+    return MAGIC + struct.pack("<q", length) + body + b"\0" * (-len(body) % 64)
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"~TenBox~" + bytes(8), "no ~TenBin~ mark"),
+        (MAGIC + b"\x01\x02", "cut short"),
+        (chunk(b"x" * 10, size=1 << 40), "says 1099511627776 bytes"),
+        (chunk(b"x" * 10, size=-5), "says -5 bytes"),
+        (chunk(header("f4", (2,))), "a header without its data"),
+        (chunk(header("c8", (2,))) + chunk(bytes(16)), "unknown type 'c8'"),
+        (chunk(header("f4", (2,), ndim=40)) + chunk(bytes(8)), "40 dimensions"),
+        (chunk(header("f4", (2,), ndim=3)) + chunk(bytes(8)), "3 dimensions in a header of 1"),
+        # a shape that claims far more than the member holds: refused, nothing allocated
+        (chunk(header("f8", (1 << 30, 1 << 30))) + chunk(bytes(8)), "in 8 bytes"),
+        (chunk(header("f4", (-2, -1))) + chunk(bytes(8)), r"shape \(-2, -1\)"),
+        (chunk(b"abc") + chunk(bytes(8)), "a tenbin header of 3 bytes"),
+    ],
+)
+def test_damaged_tenbin_is_refused_saying_why(data: bytes, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        decode_tenbin(data)
+
+
+def test_a_damaged_member_names_the_shard_and_member(tmp_path: Path) -> None:
+    url = str(tmp_path / "bad-000.tar")
+    with sp.TarWriter(url) as sink:
+        sink.write({"__key__": "good", "ten": np.arange(3, dtype=np.int32)})
+        sink.write({"__key__": "evil", "ten": chunk(header("f8", (1 << 40,))) + chunk(bytes(8))})
+    with pytest.raises(DecodeError, match=r"evil\.ten") as info:
+        list(sp.list_shards(url).open_tar().decode())
+    assert info.value.url == url
+    with pytest.warns(sp.ShardpipesWarning, match="evil"):
+        kept = list(sp.list_shards(url).open_tar().decode(handler="warn"))
+    assert [s["__key__"] for s in kept] == ["good"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_mutated_tenbin_decodes_or_raises_value_error(data: st.DataObject) -> None:
+    """Any byte of a valid member changed, or the member cut: arrays back, or ValueError."""
+    valid = bytearray(encode_tenbin(ARRAYS[:3]))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(valid) - 1))
+        valid[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(valid)))
+    try:
+        arrays = decode_tenbin(bytes(valid[:cut]))
+    except ValueError:
+        return
+    assert sum(a.nbytes for a in arrays) <= cut
+
+
+def test_the_writer_refuses_what_webdataset_could_not_read(tmp_path: Path) -> None:
+    with sp.TarWriter(str(tmp_path / "w.tar")) as sink:
+        with pytest.raises(TypeError, match=r"'k'.*'ten'.*uint32"):
+            sink.write({"__key__": "k", "ten": np.zeros(3, dtype=np.uint32)})
+        with pytest.raises(TypeError, match=r"'k'.*'ten'.*a numpy array, or a list of them"):
+            sink.write({"__key__": "k", "ten": [1, 2]})
+
+
+def test_msgpack_missing_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = str(tmp_path / "mp-000.tar")
+    with sp.TarWriter(url) as sink:
+        sink.write({"__key__": "k", "mp": {"a": 1}})
+    monkeypatch.setitem(sys.modules, "msgpack", None)  # as if not installed
+    with pytest.raises(DecodeError, match=r"pip install msgpack.*member 'k\.mp'"):
+        list(sp.list_shards(url).open_tar().decode())
+    got: Any = next(iter(sp.list_shards(url).open_tar().decode(mp=None)))
+    assert isinstance(got["mp"], bytes)
