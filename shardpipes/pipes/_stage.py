@@ -12,12 +12,36 @@ downstream stage also tells the upstream ones which fields it keeps (``to_tuple`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from torch.utils.data import IterDataPipe
+from torch.utils.data import IterDataPipe, functional_datapipe
 
-__all__ = ["SampleStage", "upstream"]
+__all__ = ["SampleStage", "functional_form", "upstream"]
+
+C = TypeVar("C", bound=type)
+
+
+def functional_form(name: str) -> Callable[[C], C]:
+    """Register a stage as ``pipe.<name>(...)``, as torch's ``functional_datapipe`` does.
+
+    torch's registered function takes the stage's class as a first parameter named
+    ``cls`` (then ``enable_df_api_tracing``, ``source_dp``), so that ``pipe.map_fields(
+    cls=int)`` or ``pipe.decode(cls=f)`` fails inside torch with "multiple values for
+    argument 'cls'". The function registered here passes every keyword to the stage.
+    """
+
+    def register(stage: C) -> C:
+        functional_datapipe(name)(stage)
+
+        def form(source_dp: IterDataPipe[Any], /, *args: Any, **kwargs: Any) -> Any:
+            return stage(source_dp, *args, **kwargs)
+
+        form.__doc__ = stage.__doc__
+        IterDataPipe.functions[name] = form
+        return stage
+
+    return register
 
 
 class SampleStage(IterDataPipe[Any]):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy
 import torch
-from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data import IterDataPipe
 
 from shardpipes._core.decoders import (
     Decoder,
@@ -23,12 +23,12 @@ from shardpipes._core.handlers import Handler, check_handler
 from shardpipes._core.steps import guarded
 from shardpipes.errors import UnsafeDataError
 from shardpipes.pipes._length import source_length
-from shardpipes.pipes._stage import SampleStage, upstream
+from shardpipes.pipes._stage import SampleStage, functional_form, upstream
 
 __all__ = ["SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
 
 
-@functional_datapipe("decode")
+@functional_form("decode")
 class SampleDecoder(SampleStage):
     """Decodes the fields of each sample by extension (functional name: ``decode``).
 
@@ -57,9 +57,8 @@ class SampleDecoder(SampleStage):
             (unpickling runs code the shard's author chose): ``True`` for all of them or a
             collection such as ``("pyd",)``.
         overrides: Extension to a callable ``(bytes) -> object`` or ``None``, like
-            ``**decoders`` but as a mapping: the functional form ``.decode()`` cannot take
-            ``cls=`` as a keyword (torch's registration uses that name), so write
-            ``.decode(overrides={"cls": my_fn})``. ``**decoders`` win over it.
+            ``**decoders`` but as a mapping (``{"seg.png": my_fn}``). ``**decoders`` win
+            over it.
         **decoders: Extension to a callable ``(bytes) -> object``, adding to or overriding
             the defaults (``seg=my_fn``, ``**{"seg.png": my_fn}``); ``None`` leaves that
             extension as bytes.

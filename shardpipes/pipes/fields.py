@@ -6,18 +6,18 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data import IterDataPipe
 
 from shardpipes._core import steps
 from shardpipes._core.fields import map_fields, parse_fields, pick_tuple, rename
 from shardpipes._core.handlers import Handler, check_handler
 from shardpipes.pipes._length import source_length
-from shardpipes.pipes._stage import SampleStage, upstream
+from shardpipes.pipes._stage import SampleStage, functional_form, upstream
 
 __all__ = ["FieldMapper", "FieldRenamer", "TupleMaker"]
 
 
-@functional_datapipe("to_tuple")
+@functional_form("to_tuple")
 class TupleMaker(SampleStage):
     """Turns each sample dict into a tuple of some of its fields (functional name: ``to_tuple``).
 
@@ -68,7 +68,7 @@ class TupleMaker(SampleStage):
         return source_length(self)
 
 
-@functional_datapipe("rename_fields")
+@functional_form("rename_fields")
 class FieldRenamer(SampleStage):
     """Renames the fields of each sample (functional name: ``rename_fields``).
 
@@ -82,8 +82,7 @@ class FieldRenamer(SampleStage):
         keep: Keep the fields not renamed.
         handler: What to do with a sample that has none of a name's alternatives (as for
             ``to_tuple``).
-        renames: New name → old name(s), as a dict: for a new name that is a keyword of
-            torch's functional forms (``cls``).
+        renames: New name → old name(s), as a dict.
         **more: New name → old name(s).
 
     Example:
@@ -121,7 +120,7 @@ class FieldRenamer(SampleStage):
         return source_length(self)
 
 
-@functional_datapipe("map_fields")
+@functional_form("map_fields")
 class FieldMapper(SampleStage):
     """Applies a function to some fields of each sample (functional name: ``map_fields``).
 
@@ -132,12 +131,12 @@ class FieldMapper(SampleStage):
         handler: What to do with a sample that lacks one of the fields (as for
             ``to_tuple``).
         mapping: Field name → function of its value, as a dict: ``map_fields({"cls":
-            int})`` (``cls=`` is taken by torch's functional forms).
+            int})``.
         **more: Field name → function, as keywords: ``map_fields(jpg=f)``.
 
     Example:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
-        >>> list(IterableWrapper([{"__key__": "a", "cls": b"3"}]).map_fields({"cls": int}))
+        >>> list(IterableWrapper([{"__key__": "a", "cls": b"3"}]).map_fields(cls=int))
         [{'__key__': 'a', 'cls': 3}]
     """
 

@@ -11,12 +11,12 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data import IterDataPipe
 
 from shardpipes._core.prefetch import Prefetch
 from shardpipes._core.split import share
 from shardpipes.pipes._length import local_length, no_length
-from shardpipes.pipes._stage import SampleStage, upstream
+from shardpipes.pipes._stage import SampleStage, functional_form, upstream
 from shardpipes.pipes.shards import PASS_STRIDE, placement_of, splitters
 
 __all__ = ["EpochCycler", "ItemPrefetcher", "SampleLimiter"]
@@ -65,7 +65,7 @@ class Positioned(SampleStage):
         raise NotImplementedError
 
 
-@functional_datapipe("limit_samples")
+@functional_form("limit_samples")
 class SampleLimiter(Positioned):
     """At most ``n`` items an epoch over all workers and ranks (functional: ``limit_samples``).
 
@@ -124,7 +124,7 @@ class SampleLimiter(Positioned):
         return local_length(self)
 
 
-@functional_datapipe("cycle_epochs")
+@functional_form("cycle_epochs")
 class EpochCycler(Positioned):
     """Read the source again and again (functional name: ``cycle_epochs``).
 
@@ -189,7 +189,7 @@ class EpochCycler(Positioned):
         return local_length(self)
 
 
-@functional_datapipe("prefetch_items")
+@functional_form("prefetch_items")
 class ItemPrefetcher(Positioned):
     """Keep ``size`` finished items ready, made in a background thread (``prefetch_items``).
 

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-from torch.utils.data import IterDataPipe, functional_datapipe, get_worker_info
+from torch.utils.data import IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
@@ -23,6 +23,7 @@ from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.split import ShardPart, SplitPlanner, global_worker, split_blocks
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import NoShardsError, ShardNotFoundError
+from shardpipes.pipes._stage import functional_form
 from shardpipes.pipes.index import Ranges, shard_ranges
 
 __all__ = [
@@ -175,7 +176,7 @@ def _in_thread(fn: Callable[[], None]) -> Future[None]:
     return future
 
 
-@functional_datapipe("split_shards")
+@functional_form("split_shards")
 class ShardSplitter(ShardingFilterIterDataPipe):
     """Split shard URLs across workers × ranks, exactly once (functional name: ``split_shards``).
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data import IterDataPipe
 
 from shardpipes._core.samples import Sample
 from shardpipes.pipes._epoch import ShuffleBuffer
 from shardpipes.pipes._length import local_length
-from shardpipes.pipes._stage import SampleStage
+from shardpipes.pipes._stage import SampleStage, functional_form
 from shardpipes.pipes.tar import TarOpener
 
 __all__ = ["SampleShuffler"]
 
 
-@functional_datapipe("shuffle_samples")
+@functional_form("shuffle_samples")
 class SampleShuffler(SampleStage):
     """Shuffle samples through a buffer, resumably (functional name: ``shuffle_samples``).
 

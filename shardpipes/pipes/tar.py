@@ -6,7 +6,7 @@ import operator
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data import IterDataPipe
 
 from shardpipes._core.policy import Stats
 from shardpipes._core.run import Shuffling
@@ -14,7 +14,7 @@ from shardpipes._core.samples import Sample
 from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import ShardReading
 from shardpipes.pipes._length import local_length
-from shardpipes.pipes._stage import SampleStage
+from shardpipes.pipes._stage import SampleStage, functional_form
 from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
 from shardpipes.pipes.shards import lister_options
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["TarOpener"]
 
 
-@functional_datapipe("open_tar")
+@functional_form("open_tar")
 class TarOpener(SampleStage):
     """Stream the samples of tar shards (functional name: ``open_tar``).
 

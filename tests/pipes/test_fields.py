@@ -196,3 +196,12 @@ def test_a_chain_with_them_resumes_exactly(make_shards: Any) -> None:
     again.load_state_dict(state)
     assert before + [k for k, _ in again] == whole
     assert sorted(whole) == sorted(data.keys)
+
+
+def test_cls_is_a_keyword_like_any_other() -> None:
+    """The registered functions of torch take their class as a parameter named cls."""
+    samples = IterableWrapper([_sample("a", cls=b"3", label=b"7")])
+    assert next(iter(samples.map_fields(cls=int)))["cls"] == 3
+    assert next(iter(samples.decode(cls=lambda b: int(b) * 10)))["cls"] == 30
+    renamed = next(iter(samples.rename_fields(cls="label", keep=False)))
+    assert renamed == {"__key__": "a", "__url__": URL, "cls": b"7"}
