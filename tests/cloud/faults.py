@@ -102,10 +102,12 @@ class ResetProxy:
         upstream_host: host of the server to forward to.
         upstream_port: its port.
 
-    Faults are decided per accepted connection: `reset_on_accept` resets it at once, before
-    anything is forwarded; `cut_after` forwards the request, then resets the connection once
-    ``nbytes`` response bytes have reached the client (only if the response is longer). Both
-    plans may be set; a reset on accept wins. Counters are in `stats`.
+    `reset_on_accept` counts accepted connections and resets the ones it picks at once,
+    before anything is forwarded; `cut_after` counts the forwarded connections whose
+    response bytes reach ``nbytes`` (so a connection that carries less, such as an idle
+    one of a client's pool, is not counted) and resets the ones it picks right there,
+    after ``nbytes`` have reached the client. Both plans may be set; a reset on accept
+    wins. Counters are in `stats`.
 
     Example:
         >>> with ResetProxy("127.0.0.1", 9) as proxy:
@@ -144,7 +146,11 @@ class ResetProxy:
             self._reset_plan = Schedule(every=every, times=times)
 
     def cut_after(self, nbytes: int, *, every: int | None = None, times: int | None = None) -> None:
-        """Reset connections after ``nbytes`` response bytes (next ``times``/every ``every``-th)."""
+        """Reset connections once ``nbytes`` response bytes passed (see the class docstring).
+
+        Of the connections whose responses get that far: the next ``times``, every
+        ``every``-th, or all of them.
+        """
         if not isinstance(nbytes, int) or nbytes < 0:
             msg = f"nbytes must be a non-negative integer (got {nbytes!r})"
             raise ValueError(msg)
@@ -220,9 +226,14 @@ class ResetProxy:
             if self._reset_plan is not None and self._reset_plan.take():
                 self._counts["resets_on_accept"] += 1
                 return True, None
-            if self._cut_plan is not None and self._cut_plan[1].take():
-                return False, self._cut_plan[0]
+            if self._cut_plan is not None:
+                return False, self._cut_plan[0]  # counted if the response gets that far
             return False, None
+
+    def _take_cut(self) -> bool:
+        """A connection's response reached the cut: whether the cut plan picks it."""
+        with self._lock:
+            return self._cut_plan is not None and self._cut_plan[1].take()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -277,7 +288,7 @@ class ResetProxy:
         if cut is not None:
             dst.transport.set_write_buffer_limits(high=0)  # drain() then means "sent"
         while data := await src.read(65536):
-            if cut is not None and sent + len(data) > cut:
+            if cut is not None and sent + len(data) > cut and self._take_cut():
                 head = data[: cut - sent]
                 self._count(counter, len(head))
                 dst.write(head)
@@ -285,6 +296,8 @@ class ResetProxy:
                 self._count("cuts")
                 _reset(dst)
                 return
+            if cut is not None and sent + len(data) > cut:
+                cut = None  # counted and not picked: this connection goes on whole
             self._count(counter, len(data))
             dst.write(data)
             await dst.drain()
