@@ -31,7 +31,7 @@ from shardpipes.errors import (
     UnsafeDataError,
 )
 from shardpipes.nodes import to_node
-from shardpipes.pipes import _loader
+from shardpipes.pipes import _hints, _loader
 from shardpipes.pipes._epoch import pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
@@ -49,6 +49,7 @@ from shardpipes.pipes.tar import TarOpener
 from shardpipes.writing import ShardWriter, TarWriter
 
 _loader.install()  # the plain StatefulDataLoader(pipe) resumes exactly
+_hints.install()  # pipe.header(n) says to write limit_samples(n)
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from torch.utils.data import IterDataPipe
 from torchdata.nodes import BaseNode  # type: ignore[import-untyped]
 
-from shardpipes.pipes.resumable import Resumable, load_pipeline_state, pipeline_state
+from shardpipes.pipes.resumable import Positions, Resumable
 
 __all__ = ["PipeNode", "to_node"]
 
@@ -36,7 +36,8 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
         super().__init__()
         self.pipe = pipe.pipe if isinstance(pipe, Resumable) else pipe
         self._it: Iterator[T] | None = None
-        pipeline_state(self.pipe)  # fail now if a stage cannot be resumed
+        self._positions = Positions(self.pipe)  # fails now if a stage cannot be resumed
+        self._upcoming = False  # reset, and nothing read since
 
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
         """Begin the next epoch, or resume from ``initial_state`` (a ``get_state()``)."""
@@ -46,17 +47,22 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
             if self.STATE_KEY not in initial_state:
                 msg = f"not a state of to_node(...): {str(initial_state)[:200]}"
                 raise ValueError(msg)
-            load_pipeline_state(self.pipe, initial_state[self.STATE_KEY])
+            self._positions.load(initial_state[self.STATE_KEY])
         self._it = iter(self.pipe)
+        self._upcoming = True
 
     def next(self) -> T:
         """The pipeline's next item (``StopIteration`` at the epoch's end)."""
         assert self._it is not None  # BaseNode resets before the first next()
+        self._upcoming = False
         return next(self._it)
 
     def get_state(self) -> dict[str, Any]:
-        """The pipeline's state between two items (see ``Resumable.state_dict``)."""
-        return {self.STATE_KEY: pipeline_state(self.pipe)}
+        """The pipeline's state between two items (see ``Resumable.state_dict``).
+
+        Between ``reset()`` and the first item: the state of the epoch that begins.
+        """
+        return {self.STATE_KEY: self._positions.pipeline_state(upcoming=self._upcoming)}
 
     def _close(self) -> None:
         it, self._it = self._it, None

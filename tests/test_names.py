@@ -145,3 +145,22 @@ def test_ours_are_disjoint_and_documented() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     table = readme.split("## Pipes", 1)[1].split("\n\n| source", 1)[0]
     assert set(re.findall(r"^\| `(\w+)` \|", table, flags=re.M)) == ours
+
+
+def test_their_names_are_answered_with_ours() -> None:
+    """pipe.header(n) and the like: the error names the shardpipes form, which exists."""
+    import pytest
+
+    import shardpipes as sp
+    from shardpipes.pipes._hints import HINTS
+
+    pipe = sp.list_shards(["a.tar"]).open_tar()
+    for name, hint in HINTS.items():
+        with pytest.raises(AttributeError, match=rf"no attribute '{name}': with shardpipes, use"):
+            getattr(pipe, name)
+        for form in re.findall(r"(?<![\w.])\.(\w+)\(", hint):
+            assert form in IterDataPipe.functions, (name, form)
+    with pytest.raises(AttributeError, match=r"no attribute 'no_such_stage") as info:
+        pipe.no_such_stage  # noqa: B018 - the attribute access is the test
+    assert "shardpipes" not in str(info.value)  # torch's own error, untouched
+    assert not hasattr(pipe, "header")

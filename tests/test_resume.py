@@ -298,3 +298,54 @@ def test_open_tar_resumes_on_its_own(shards: Dataset) -> None:
 def test_foreign_resumable_state_is_refused(shards: Dataset, state: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         sp.Resumable(make_pipe(shards.urls)).load_state_dict(state)
+
+
+def buffered_chain(data: Dataset) -> Any:
+    """A chain with a seeded shard order and shuffle buffer: each epoch its own order."""
+    return (
+        sp.list_shards(data.urls)
+        .split_shards(shuffle=True, seed=17)
+        .open_tar()
+        .shuffle_samples(buffer_size=10, seed=3)
+        .map(key_of)
+    )
+
+
+def key_of(sample: dict[str, Any]) -> str:
+    return str(sample["__key__"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workers", "stop", "persistent"),
+    [(2, 1, False), (3, 1, False), (3, 2, False), (2, 1, True), (0, 0, False)],
+)
+def test_a_checkpoint_before_every_worker_began_the_epoch(
+    make_shards: Callable[..., Dataset], workers: int, stop: int, persistent: bool
+) -> None:
+    """In epoch 1, stopped before some worker yielded: the rest is epoch 1's, not epoch 0's.
+
+    Such a worker's state is the one taken when its iterator was made, before it counted
+    the epoch (a persistent worker, or the main process, still holds epoch 0's end).
+    """
+    data = make_shards(6, 15)
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(
+            buffered_chain(data),
+            batch_size=None,
+            num_workers=workers,
+            persistent_workers=persistent,
+        )
+
+    reference = loader()
+    list(reference)
+    epoch1 = list(reference)
+    first = loader()
+    list(first)
+    items = iter(first)
+    before = [next(items) for _ in range(stop)]
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    assert before + list(second) == epoch1

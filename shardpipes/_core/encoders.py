@@ -19,8 +19,9 @@ label``
 tiff``                                    1, 3 or 4 channels) or tensor (``CHW``/``HW``)
 ``pyd pickle pkl``                        anything, pickled: only under these names
 ``mp msg msgpack``                        anything msgpack packs (optional dependency)
-``ten tb``                                a numpy array, or a list of them (webdataset's
-                                          tenbin; reads back as a list)
+``ten tb``                                a numpy array or tensor, or a list of them
+                                          (webdataset's tenbin; reads back as a list of
+                                          numpy arrays)
 ========================================  ==========================================
 """
 
@@ -102,7 +103,9 @@ def _encoder(ext: str, value: Any) -> Callable[[Any], bytes] | None:
     if ext in _MSGPACK:
         return _msgpack
     if ext in _TENBIN and _arrays(value):
-        return lambda v: encode_tenbin(list(v) if isinstance(v, list | tuple) else [v])
+        return lambda v: encode_tenbin(
+            [_numpy(a) for a in (v if isinstance(v, list | tuple) else [v])]
+        )
     return None
 
 
@@ -116,7 +119,7 @@ def _takes(ext: str) -> str:
     if ext in IMAGE_FORMATS:
         return "it takes a PIL image, or a uint8 (or [0, 1] float) array or tensor"
     if ext in _TENBIN:
-        return "it takes a numpy array, or a list of them"
+        return "it takes a numpy array or tensor, or a list of them"
     return "give bytes or str, or name the field by what it holds: cls, json, npy, pth, png…"
 
 
@@ -134,7 +137,16 @@ def _is_int(value: Any) -> bool:
 
 def _arrays(value: Any) -> bool:
     items = value if isinstance(value, list | tuple) else [value]
-    return bool(items) and all(type(v).__module__ == "numpy" and hasattr(v, "dtype") for v in items)
+    return bool(items) and all(
+        type(v).__module__ in ("numpy", "torch") and hasattr(v, "dtype") for v in items
+    )
+
+
+def _numpy(array: Any) -> Any:
+    """A numpy array, or a tensor's values as one."""
+    if type(array).__module__ == "torch":
+        return array.detach().cpu().numpy()
+    return array
 
 
 def _json(value: Any) -> bytes:

@@ -59,6 +59,19 @@ class EpochCounter:
             table.set(ROWS, _KEY, key if key is not None else 0)
             return table.get(ROWS, _EPOCH)
 
+    def peek(self, key: int | None) -> int:
+        """The epoch an iteration with ``key`` would be, were it to begin now.
+
+        As :meth:`begin` says, counting nothing.
+        """
+        table = self._table
+        with table.locked():
+            if table.get(ROWS, _APPLIED) != table.get(ROWS, _GENERATION):
+                return table.get(ROWS, _SET)
+            if key is None or not table.get(ROWS, _KEYED) or table.get(ROWS, _KEY) != key:
+                return table.get(ROWS, _EPOCH) + 1
+            return table.get(ROWS, _EPOCH)
+
     def resumed(self, epoch: int) -> None:
         """The current iteration is (or was) ``epoch``, resumed from a checkpoint."""
         table = self._table

@@ -14,8 +14,6 @@ from typing import Any
 import torch
 from torch.utils.data import IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.elastic import buffer_seed_of
 from shardpipes._core.policy import Stats
@@ -24,8 +22,9 @@ from shardpipes._core.samples import Located
 from shardpipes._core.split import ShardPart
 from shardpipes._core.steps import InFlight
 from shardpipes.errors import ShardNotFoundError
+from shardpipes.pipes._stage import graph_pipes
 from shardpipes.pipes.reader import ShardReader
-from shardpipes.pipes.shards import ShardLister, splitters, worker_placement
+from shardpipes.pipes.shards import ShardLister, ShardSplitter, splitters, worker_placement
 
 __all__ = [
     "VERSION",
@@ -138,7 +137,7 @@ def reading_of(stage: object) -> ShardReading | None:
 
 def readings(pipe: IterDataPipe[Any]) -> list[ShardReading]:
     """The :class:`ShardReading` of each reading stage of a pipeline, in a stable order."""
-    found = (reading_of(stage) for stage in get_all_graph_pipes(traverse_dps(pipe)))
+    found = (reading_of(stage) for stage in graph_pipes(pipe))
     return [reading for reading in found if reading is not None]
 
 
@@ -178,6 +177,7 @@ class ShardReading:
         self._loaded: dict[str, Any] | None = None
         self._at_start: dict[str, Any] | None = None
         self._listers: list[ShardLister] = []
+        self._splitters: list[ShardSplitter] | None = None  # found at the first begin()
 
     def begin(self, shuffling: Shuffling = (0, 0)) -> Iterator[Located]:
         """Start an epoch (from a loaded state, if any): its samples, as ``Located``.
@@ -190,7 +190,8 @@ class ShardReading:
         self.flight = InFlight()
         self._at_start = loaded or self._fresh()
         info = get_worker_info()
-        stages = get_all_graph_pipes(traverse_dps(self.source))
+        stages = graph_pipes(self.source)
+        self._splitters = [stage for stage in stages if isinstance(stage, ShardSplitter)]
         if info is not None and info.num_workers > 1:
             _check_split(stages, info.num_workers)
         self._listers = [stage for stage in stages if isinstance(stage, ShardLister)]
@@ -232,7 +233,7 @@ class ShardReading:
     def drop_loaded(self) -> None:
         """Drop a loaded state that no epoch began from; its epoch counts as done."""
         if self._loaded is not None:
-            for splitter in splitters(self.source):
+            for splitter in self.splitters():
                 splitter.drop_pinned()
             self._loaded = None
 
@@ -243,8 +244,18 @@ class ShardReading:
     def _fresh(self) -> dict[str, Any]:
         return {"version": VERSION, "splitters": self._splitter_states(), "position": None}
 
+    def splitters(self) -> list[ShardSplitter]:
+        """The ``split_shards`` stages upstream.
+
+        Found once, at the first epoch: a snapshot taken in a ``prefetch_items`` thread
+        must not walk the graph.
+        """
+        if self._splitters is None:
+            return splitters(self.source)
+        return self._splitters
+
     def _splitter_states(self) -> list[dict[str, Any]]:
-        return [s.state_dict() for s in splitters(self.source)]
+        return [s.state_dict() for s in self.splitters()]
 
     def state_dict(self) -> dict[str, Any]:
         """Where the reading is in its epoch, as plain data (see the pipes' ``state_dict``)."""
@@ -255,6 +266,13 @@ class ShardReading:
             "splitters": self._splitter_states(),
             "position": self.run.position(),
         }
+
+    def upcoming_state(self) -> dict[str, Any]:
+        """The state of the epoch about to begin here: a loaded state, else its start."""
+        if self._loaded is not None:
+            return dict(self._loaded)
+        splitters = [s.upcoming_state() for s in self.splitters()]
+        return {"version": VERSION, "splitters": splitters, "position": None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume, at the next epoch begun, from a :meth:`state_dict`.
@@ -268,7 +286,7 @@ class ShardReading:
             found = state.get("version") if isinstance(state, Mapping) else type(state).__name__
             msg = f"not a shardpipes reading state of version {VERSION} (got version {found!r})"
             raise ValueError(msg)
-        stages = splitters(self.source)
+        stages = self.splitters()
         saved = state.get("splitters", [])
         if len(saved) != len(stages):
             msg = f"the state has {len(saved)} split_shards stages, this pipe {len(stages)}"

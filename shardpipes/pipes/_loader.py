@@ -23,12 +23,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
 from shardpipes.pipes._length import loader_length
-from shardpipes.pipes.resumable import (
-    Positions,
-    load_pipeline_state,
-    pipeline_state,
-    reads_shards,
-)
+from shardpipes.pipes.resumable import Positions, reads_shards
 
 __all__ = ["StatefulPipeWrapper", "install"]
 
@@ -46,44 +41,60 @@ class StatefulPipeWrapper(_IterDataPipeSerializationWrapper):
     _claimed: Mapping[str, Any] | None = None  # loaded for the current iteration
     _workers: int | None = None  # the loader's num_workers, for len()
     _awaiting: Mapping[str, Any] | None = None  # loaded for the next one
+    _upcoming = False  # iter() was called, next() not yet
+    _found: Positions | None = None  # the pipeline's stages with a position
 
-    def state_dict(self) -> dict[str, Any]:
-        """The pipeline's state, taken between two items (see ``pipeline_state``).
+    def positions(self) -> Positions:
+        """The pipeline's stages with a position (found once per process).
 
         Raises:
             ValueError: If a stage cannot be resumed (torch's ``shuffle``…), naming it.
         """
-        return pipeline_state(self._datapipe)
+        if self._found is None:
+            self._found = Positions(self._datapipe)
+        return self._found
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pipeline's state, taken between two items (see ``pipeline_state``).
+
+        Before the first item of an iteration (a worker's state, taken when its iterator
+        is made), the state of that iteration's start: not of the last one, which a
+        persistent worker (or the main process) still holds, nor of an epoch not yet
+        counted.
+
+        Raises:
+            ValueError: If a stage cannot be resumed (torch's ``shuffle``…), naming it.
+        """
+        return self.positions().pipeline_state(upcoming=self._upcoming)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume the pipeline from ``state`` at the iteration that begins next."""
-        if self._claimed is not None and _pending(self._datapipe):
+        if self._claimed is not None and self.positions().pending():
             if state == self._claimed:  # the iterator's copy of this iteration's state
                 return
-            _drop(self._datapipe)
+            self.positions().drop_loaded()
         self._claimed = None
-        load_pipeline_state(self._datapipe, state)
+        self.positions().load(state)
         self._awaiting = state
 
 
 def _iter(self: StatefulPipeWrapper) -> Any:
-    if self._claimed is not None and _pending(self._datapipe):
-        _drop(self._datapipe)  # the last iteration never read: its state is spent
+    if self._claimed is not None and self.positions().pending():
+        self.positions().drop_loaded()  # the last iteration never read: its state is spent
     self._claimed, self._awaiting = self._awaiting, None
+    self._upcoming = True
     return _IterDataPipeSerializationWrapper.__iter__(self)  # type: ignore[no-untyped-call]
 
 
-# set after the class is made: IterDataPipe's metaclass would hook an __iter__ defined in
-# the class body a second time (torch's wrapper's own __iter__ is hooked already)
+def _next(self: StatefulPipeWrapper) -> Any:
+    self._upcoming = False  # the iteration begins: its stages hold their own states
+    return _IterDataPipeSerializationWrapper.__next__(self)  # type: ignore[attr-defined]
+
+
+# set after the class is made: IterDataPipe's metaclass would hook an __iter__ or __next__
+# defined in the class body a second time (torch's wrapper's own are hooked already)
 StatefulPipeWrapper.__iter__ = _iter  # type: ignore[method-assign,assignment]
-
-
-def _pending(pipe: IterDataPipe[Any]) -> bool:
-    return Positions(pipe).pending()
-
-
-def _drop(pipe: IterDataPipe[Any]) -> None:
-    Positions(pipe).drop_loaded()
+StatefulPipeWrapper.__next__ = _next  # type: ignore[attr-defined]
 
 
 def _len(self: StatefulPipeWrapper) -> int:

@@ -12,12 +12,27 @@ downstream stage also tells the upstream ones which fields it keeps (``to_tuple`
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
 
-__all__ = ["SampleStage", "functional_form", "upstream"]
+__all__ = ["SampleStage", "functional_form", "graph_pipes", "upstream"]
+
+# torch's traverse_dps sets a class-wide pickling hook while it runs: two threads of one
+# process traversing at once (a prefetch_items thread taking a snapshot, the worker taking
+# the loader's state) fail with "Attempt to override existing reduce_ex_hook"
+_TRAVERSING = threading.RLock()
+
+
+def graph_pipes(pipe: IterDataPipe[Any]) -> list[Any]:
+    """Every pipe of ``pipe``'s graph, itself included, in a stable order (thread-safe)."""
+    with _TRAVERSING:
+        return list(get_all_graph_pipes(traverse_dps(pipe)))
+
 
 C = TypeVar("C", bound=type)
 

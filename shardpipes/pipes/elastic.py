@@ -11,8 +11,6 @@ from pathlib import PurePath
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.elastic import (
     buffer_seed_of,
@@ -24,6 +22,7 @@ from shardpipes._core.elastic import (
 from shardpipes._core.mixing import replay_draws
 from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, reading_of, readings
+from shardpipes.pipes._stage import graph_pipes
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Positions, Resumable, mixers
 from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
@@ -440,7 +439,7 @@ def _buffer(
     pipe: IterDataPipe[Any], reading: ShardReading, splitter: ShardSplitter
 ) -> tuple[int, int | None]:
     """``(size, fixed seed)`` of the shuffle buffer over ``reading`` (size 0: none)."""
-    for stage in get_all_graph_pipes(traverse_dps(pipe)):
+    for stage in graph_pipes(pipe):
         buffer = getattr(stage, "buffer", None)
         feeds = reading_of(stage) or reading_of(getattr(stage, "source_datapipe", None))
         if isinstance(buffer, ShuffleBuffer) and feeds is reading:

@@ -64,6 +64,12 @@ class Positioned(SampleStage):
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def upcoming_state(self) -> dict[str, Any]:
+        """The state of the iteration about to begin here: a loaded state, else its start."""
+        if self._pinned is not None:
+            return dict(self._pinned)
+        return dict.fromkeys(self.state_dict(), 0)
+
 
 @functional_form("limit_samples")
 class SampleLimiter(Positioned):
@@ -170,8 +176,10 @@ class EpochCycler(Positioned):
                 yield item
             if self.count is None and given == 0 and not (first and pinned):
                 msg = (
-                    "cycle_epochs(): a whole pass over the source gave this worker no item, "
-                    "so an endless cycle would spin: give count=, or more data per worker"
+                    "cycle_epochs(): a whole pass over the source gave this worker no item "
+                    "(its share of the shards, or of a limit_samples before the cycle, is "
+                    "empty), so an endless cycle would spin: give count=, or more data (or "
+                    "a larger limit) per worker"
                 )
                 raise ValueError(msg)
             first = False
@@ -253,3 +261,11 @@ class ItemPrefetcher(Positioned):
         if IterDataPipe.getstate_hook is not None:
             return IterDataPipe.getstate_hook(state)
         return state
+
+
+#: each stage's functional name, for messages
+FORMS = {
+    SampleLimiter: "limit_samples",
+    EpochCycler: "cycle_epochs",
+    ItemPrefetcher: "prefetch_items",
+}

@@ -226,13 +226,20 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         theirs, and dropped with them.
         """
         if self._draws is None:
-            draws, epoch = None, self._epochs.current()
-        else:
-            draws, epoch = self._draws.state(), self._epoch
+            return self._state(self._epochs.current(), None, 0)
+        return self._state(self._epoch, self._draws.state(), self._yielded)
+
+    def upcoming_state(self) -> dict[str, Any]:
+        """The state of the epoch about to begin here: a loaded state, else its start."""
+        if self._pinned is not None:
+            return dict(self._pinned)
+        return self._state(self._epochs.peek(iteration_key(None, self._begun + 1)), None, 0)
+
+    def _state(self, epoch: int, draws: Any, yielded: int) -> dict[str, Any]:
         return {
             "epoch": epoch,
             "draws": draws,
-            "yielded": self._yielded if draws is not None else 0,
+            "yielded": yielded,
             "sources": list(self.sources),
             "seed": self.seed,
             "weights": dict(self.weights),

@@ -8,14 +8,13 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info, graph_settings
 from torch.utils.data.datapipes.iter import Batcher, Filter, IterableWrapper, Mapper, ShardingFilter
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes._core.policy import Stats
 from shardpipes.pipes._epoch import VERSION, ShardReading, pipe_stats, reading_of, readings
+from shardpipes.pipes._stage import graph_pipes
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
-from shardpipes.pipes.flow import ItemPrefetcher, Positioned
+from shardpipes.pipes.flow import FORMS, ItemPrefetcher, Positioned
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.shards import (
     ShardLister,
@@ -73,14 +72,15 @@ class Resumable(IterableDataset[T]):
         if not isinstance(pipe, IterDataPipe):
             msg = f"Resumable wraps an IterDataPipe (got {type(pipe).__name__})"
             raise TypeError(msg)
-        reading_stages(pipe)  # fail now if it cannot be resumed
+        self._found: Positions | None = Positions(pipe)  # fails now if it cannot be resumed
         self.pipe = pipe
         self._ranks: tuple[int, int] | None = None
+        self._upcoming = False  # iter() was called, and nothing read since
 
     def __getstate__(self) -> dict[str, Any]:
         # pickled in the main process for the DataLoader's workers: take the rank along,
         # since a worker started by "spawn" has no process group to ask
-        state = self.__dict__.copy()
+        state = {**self.__dict__, "_found": None}  # found again where it is used
         world_size, rank = distributed()
         if world_size > 1:
             state["_ranks"] = (world_size, rank)
@@ -93,13 +93,23 @@ class Resumable(IterableDataset[T]):
         seed = info.seed if info is not None else int(torch.empty((), dtype=torch.int64).random_())
         rng = torch.Generator().manual_seed(seed)
         seen: set[int] = set()
-        for stage in graph_settings.get_all_graph_pipes(traverse_dps(self.pipe)):
+        for stage in graph_pipes(self.pipe):
             set_seed = getattr(stage, "set_seed", None)
             if id(stage) in seen or isinstance(stage, ShardSplitter) or not callable(set_seed):
                 continue  # the shard order is the splitter's own (seed, epoch)
             seen.add(id(stage))
             set_seed(int(torch.empty((), dtype=torch.int64).random_(generator=rng)))
-        return iter(self.pipe)
+        self._upcoming = True
+        return self._items(iter(self.pipe))
+
+    def _items(self, items: Iterator[T]) -> Iterator[T]:
+        self._upcoming = False  # the iteration begins: its stages hold their own states
+        yield from items
+
+    def _positions(self) -> Positions:
+        if self._found is None:
+            self._found = Positions(self.pipe)
+        return self._found
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of every ``split_shards`` stage of the pipe."""
@@ -111,7 +121,7 @@ class Resumable(IterableDataset[T]):
 
     def state_dict(self) -> dict[str, Any]:
         """The states of the pipe's reading stages (``open_tar``, ``ShardStream``)."""
-        return pipeline_state(self.pipe)
+        return self._positions().pipeline_state(upcoming=self._upcoming)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume the pipe from a saved state at the next iteration.
@@ -119,7 +129,7 @@ class Resumable(IterableDataset[T]):
         Raises:
             ValueError: If the state is not a state of this pipeline's shape.
         """
-        load_pipeline_state(self.pipe, state)
+        self._positions().load(state)
 
 
 class Positions:
@@ -132,10 +142,14 @@ class Positions:
 
     Args:
         pipe: The pipeline.
+
+    Raises:
+        ValueError: If the pipeline cannot be resumed (see :func:`reading_stages`).
     """
 
     def __init__(self, pipe: IterDataPipe[Any]) -> None:
-        graph = get_all_graph_pipes(traverse_dps(pipe))
+        graph = graph_pipes(pipe)
+        _check_resumable(graph)
         self.readings = [r for r in map(reading_of, graph) if r is not None]
         self.mixes = [s for s in graph if isinstance(s, Mixer)]
         self.held = [s for s in graph if isinstance(s, Positioned)]
@@ -144,8 +158,15 @@ class Positions:
     def _all(self) -> list[ShardReading | Mixer | Positioned]:
         return [*self.readings, *self.mixes, *self.held]
 
-    def states(self) -> dict[int, Any]:
-        """Every stage's state, by ``id`` of the stage (of its reading, for a reading stage)."""
+    def states(self, *, upcoming: bool = False) -> dict[int, Any]:
+        """Every stage's state, by ``id`` of the stage (of its reading, for a reading stage).
+
+        Args:
+            upcoming: An iteration has been asked for and has read nothing yet: the
+                states of its start (``upcoming_state``), not those of the last one.
+        """
+        if upcoming:
+            return {id(stage): stage.upcoming_state() for stage in self._all()}
         out: dict[int, Any] = {}
         snapshots = [s for s in (p.upstream_states() for p in self.prefetchers) if s]
         # an outer prefetch's snapshot holds the inner ones' stages (and them): it goes first
@@ -157,9 +178,9 @@ class Positions:
                 out[id(stage)] = stage.state_dict()
         return out
 
-    def pipeline_state(self) -> dict[str, Any]:
-        """The pipeline's state (see :func:`pipeline_state`)."""
-        states = self.states()
+    def pipeline_state(self, *, upcoming: bool = False) -> dict[str, Any]:
+        """The pipeline's state (see :func:`pipeline_state` and :meth:`states`)."""
+        states = self.states(upcoming=upcoming)
         state: dict[str, Any] = {
             "version": VERSION,
             "stages": [states[id(r)] for r in self.readings],
@@ -218,13 +239,12 @@ def pipeline_state(pipe: IterDataPipe[Any]) -> dict[str, Any]:
     Raises:
         ValueError: If the pipeline cannot be resumed (see :func:`reading_stages`).
     """
-    reading_stages(pipe)
     return Positions(pipe).pipeline_state()
 
 
 def mixers(pipe: IterDataPipe[Any]) -> list[Mixer]:
     """The ``mix`` stages of a pipeline, in a stable order."""
-    return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, Mixer)]
+    return [s for s in graph_pipes(pipe) if isinstance(s, Mixer)]
 
 
 def load_pipeline_state(pipe: IterDataPipe[Any], state: Mapping[str, Any]) -> None:
@@ -233,7 +253,6 @@ def load_pipeline_state(pipe: IterDataPipe[Any], state: Mapping[str, Any]) -> No
     Raises:
         ValueError: If the pipeline cannot be resumed, or the state is not one of its shape.
     """
-    reading_stages(pipe)
     Positions(pipe).load(state)
 
 
@@ -262,7 +281,12 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ShardReading]:
         ValueError: If a stage keeps items in memory between yields (torch's ``shuffle``,
             ``fork``, ``zip``…) or is unknown: its state could not be restored.
     """
-    for stage in get_all_graph_pipes(traverse_dps(pipe)):
+    _check_resumable(graph_pipes(pipe))
+    return readings(pipe)
+
+
+def _check_resumable(graph: list[IterDataPipe[Any]]) -> None:
+    for stage in graph:
         if reading_of(stage) is None and not isinstance(
             stage, (ShardLister, ShardSplitter, *_PASSING)
         ):
@@ -277,7 +301,19 @@ def reading_stages(pipe: IterDataPipe[Any]) -> list[ShardReading]:
                 "do not resume, use torch.utils.data.DataLoader"
             )
             raise ValueError(msg)
-    return readings(pipe)
+    for stage in graph:
+        reading = reading_of(stage)
+        if reading is None:
+            continue
+        before = [s for s in graph_pipes(reading.source) if isinstance(s, Positioned)]
+        if before:
+            name = FORMS[type(before[0])]
+            msg = (
+                f"{name} stands before {type(stage).__name__}, where its items are shards, "
+                f"not samples: a checkpoint there cannot be resumed. Put {name} after "
+                "open_tar (or after the recipe)"
+            )
+            raise ValueError(msg)
 
 
 def reads_shards(pipe: IterDataPipe[Any]) -> bool:

@@ -13,8 +13,6 @@ from typing import Any
 import torch
 from torch.utils.data import IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes import fs
 from shardpipes._core.braces import expand_braces
@@ -23,7 +21,7 @@ from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.split import ShardPart, SplitPlanner, global_worker, split_blocks
 from shardpipes._retry import RetryPolicy
 from shardpipes.errors import NoShardsError, ShardNotFoundError
-from shardpipes.pipes._stage import functional_form
+from shardpipes.pipes._stage import functional_form, graph_pipes
 from shardpipes.pipes.index import Ranges, shard_ranges
 
 __all__ = [
@@ -518,6 +516,23 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             return dict(self._elastic)
         return {"seed": self.order_seed(), "epoch": self.epoch}
 
+    def upcoming_state(self) -> dict[str, Any]:
+        """The state of the iteration about to begin here, before it reads anything.
+
+        A loaded state, else the next epoch's start: the one :meth:`state_dict` gives only
+        once the iteration has begun (a DataLoader worker's state is taken when its
+        iterator is made, before the epoch is counted).
+        """
+        if self._pinned is not None:
+            return dict(self._pinned)
+        if self._pass_epoch is not None:
+            epoch = self._pass_epoch
+        else:
+            epoch = self._epochs.peek(iteration_key(self._shared_seed, self._begun + 1))
+        if self._elastic is not None and self._elastic["epoch"] == epoch:
+            return dict(self._elastic)
+        return {"seed": self.order_seed(), "epoch": epoch}
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next iteration use a saved epoch's shard order, after checking it.
 
@@ -620,7 +635,7 @@ def lister_options(pipe: Any) -> dict[str, Any] | None:
 
 def splitters(pipe: IterDataPipe[Any]) -> list[ShardSplitter]:
     """The ``split_shards`` stages upstream of ``pipe``, in a stable order."""
-    return [s for s in get_all_graph_pipes(traverse_dps(pipe)) if isinstance(s, ShardSplitter)]
+    return [s for s in graph_pipes(pipe) if isinstance(s, ShardSplitter)]
 
 
 def placement_of(pipe: IterDataPipe[Any]) -> tuple[int, int]:
@@ -675,7 +690,7 @@ def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
         raise ValueError(msg)
     for stage in stages:
         stage.set_epoch(epoch)
-    for other in get_all_graph_pipes(traverse_dps(pipe)):
+    for other in graph_pipes(pipe):
         if getattr(other, "takes_epoch", False):  # a mix (shardpipes.pipes.mix)
             other.set_epoch(epoch)
     return pipe

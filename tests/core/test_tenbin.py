@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,8 +131,12 @@ def test_the_writer_refuses_what_webdataset_could_not_read(tmp_path: Path) -> No
     with sp.TarWriter(str(tmp_path / "w.tar")) as sink:
         with pytest.raises(TypeError, match=r"'k'.*'ten'.*uint32"):
             sink.write({"__key__": "k", "ten": np.zeros(3, dtype=np.uint32)})
-        with pytest.raises(TypeError, match=r"'k'.*'ten'.*a numpy array, or a list of them"):
+        with pytest.raises(TypeError, match=r"'k'.*'ten'.*a numpy array or tensor, or a list"):
             sink.write({"__key__": "k", "ten": [1, 2]})
+        sink.write({"__key__": "t", "ten": [torch.arange(4, dtype=torch.int16)]})
+    (back,) = next(iter(sp.list_shards(str(tmp_path / "w.tar")).open_tar().decode()))["ten"]
+    assert back.dtype == np.int16
+    assert back.tolist() == [0, 1, 2, 3]
 
 
 def test_msgpack_missing_says_how_to_get_it(

@@ -286,3 +286,88 @@ def test_resume_from_another_topology_refuses_them_naming_them(data: Dataset) ->
     state = sp.Resumable(pipe).state_dict()
     with pytest.raises(ValueError, match="cannot yet resume a pipeline with ItemPrefetcher"):
         sp.resume_from(pipe, [state])
+
+
+@pytest.mark.parametrize(
+    ("build", "name"),
+    [
+        (
+            lambda d: sp.list_shards(d.urls).split_shards(seed=1).prefetch_items(2).open_tar(),
+            "prefetch_items",
+        ),
+        (
+            lambda d: sp.list_shards(d.urls).split_shards(seed=1).limit_samples(3).open_tar(),
+            "limit_samples",
+        ),
+        (
+            lambda d: sp.list_shards(d.urls).cycle_epochs(2).split_shards(seed=1).open_tar(),
+            "cycle_epochs",
+        ),
+    ],
+)
+def test_before_open_tar_they_are_refused_for_checkpoints(
+    data: Dataset, build: Callable[[Dataset], Any], name: str
+) -> None:
+    """There they count shards: a state cannot be taken, and the error says where they go."""
+    with pytest.raises(ValueError, match=f"{name} stands before TarOpener.*after open_tar"):
+        StatefulDataLoader(build(data), batch_size=None, num_workers=0).state_dict()
+
+
+@slow
+def test_prefetch_in_workers_while_the_loader_takes_states(
+    make_shards: Callable[..., Dataset],
+) -> None:
+    """The prefetch thread's snapshots and the worker's states walk the graph one at a time.
+
+    Two threads walking a pipe graph at once broke torch's traversal (a class-wide
+    pickling hook): "Attempt to override existing reduce_ex_hook".
+    """
+    data = make_shards(12, 50)
+    for seed in range(3):
+        pipe = chain(data, seed=seed).prefetch_items(1)
+        loader = StatefulDataLoader(pipe, batch_size=None, num_workers=2)
+        got = []
+        for sample in loader:
+            loader.state_dict()
+            got.append(sample["__key__"])
+        assert len(got) == 600
+
+
+def test_graph_walks_from_two_threads_at_once(data: Dataset) -> None:
+    """Torch's traversal alone fails when two threads run it at once; graph_pipes does not."""
+    from shardpipes.pipes._stage import graph_pipes
+
+    pipe = chain(data).prefetch_items(2).batch(4)
+    failures: list[BaseException] = []
+
+    def walk() -> None:
+        try:
+            for _ in range(300):
+                assert len(graph_pipes(pipe)) == 6
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=walk) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+
+
+def test_states_under_a_prefetch_do_not_walk_the_graph_per_item(
+    data: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first state, neither the loader's states nor the thread's snapshots walk it."""
+    from shardpipes.pipes import _stage
+
+    walks = []
+    real = _stage.traverse_dps
+    monkeypatch.setattr(_stage, "traverse_dps", lambda pipe: walks.append(1) or real(pipe))
+    loader = StatefulDataLoader(chain(data).prefetch_items(1), batch_size=None, num_workers=0)
+    counts = []
+    for _ in loader:
+        loader.state_dict()
+        counts.append(len(walks))
+    assert len(counts) == 200
+    assert counts[-1] == counts[10]  # a fixed few walks at the start, none per item

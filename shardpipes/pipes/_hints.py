@@ -1,0 +1,53 @@
+"""webdataset's and torchdata 0.9's method names, answered with shardpipes' own.
+
+Our functional forms take other names than theirs (both may be imported in one process),
+so ``pipe.header(10)`` is torch's bare ``AttributeError`` — unless torchdata 0.9 is
+imported, whose forms then work as they always did. :func:`install` adds the shardpipes
+name to that error, and changes nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import IterDataPipe
+
+__all__ = ["HINTS", "install"]
+
+#: the name a user arriving from webdataset or torchdata tries → what to write here
+HINTS = {
+    "header": ".limit_samples(n) (n over all workers and ranks; torchdata's is per worker)",
+    "slice": ".limit_samples(n) (n over all workers and ranks)",
+    "cycle": ".cycle_epochs() (count= for a number of passes)",
+    "repeat": ".cycle_epochs(count)",
+    "prefetch": ".prefetch_items(n)",
+    "with_epoch": "sp.recipes.tar_shards(urls, epoch_size=n), or .cycle_epochs().limit_samples(n)",
+    "batched": ".batch(n).collate(sp.collate_samples), or a recipe's batch_size=n",
+    "rename": ".rename_fields(new='old;alternative')",
+    "map_dict": ".map_fields(field=function)",
+    "select": ".filter(predicate) (torch core)",
+    "load_from_tar": ".open_tar() (reads by byte range, resumes)",
+}
+
+
+def install() -> None:
+    """Make ``IterDataPipe``'s missing-attribute error name the shardpipes form (once)."""
+    original = IterDataPipe.__getattr__
+    if getattr(original, "_shardpipes", False):
+        return
+
+    def __getattr__(self: IterDataPipe[Any], name: str) -> Any:  # noqa: N807 - the hook
+        try:
+            return original(self, name)
+        except AttributeError:
+            hint = HINTS.get(name)
+            if hint is None:
+                raise
+            msg = (
+                f"'{type(self).__name__}' object has no attribute '{name}': with shardpipes, "
+                f'use {hint} (README: "Coming from webdataset or torchdata 0.9")'
+            )
+            raise AttributeError(msg) from None
+
+    __getattr__._shardpipes = True  # type: ignore[attr-defined]
+    IterDataPipe.__getattr__ = __getattr__  # type: ignore[method-assign]
