@@ -300,15 +300,21 @@ def test_foreign_resumable_state_is_refused(shards: Dataset, state: Any, match: 
         sp.Resumable(make_pipe(shards.urls)).load_state_dict(state)
 
 
-def buffered_chain(data: Dataset) -> Any:
-    """A chain with a seeded shard order and shuffle buffer: each epoch its own order."""
-    return (
-        sp.list_shards(data.urls)
-        .split_shards(shuffle=True, seed=17)
-        .open_tar()
-        .shuffle_samples(buffer_size=10, seed=3)
-        .map(key_of)
-    )
+def buffered_chain(data: Dataset, *, mixed: bool = False) -> Any:
+    """A chain with a seeded shard order and shuffle buffer: each epoch its own order.
+
+    ``mixed``: a mix of two such chains (the first 3 shards, the last 3) instead.
+    """
+
+    def source(urls: list[str]) -> Any:
+        pipe = sp.list_shards(urls).split_shards(shuffle=True, seed=17).open_tar()
+        return pipe.shuffle_samples(buffer_size=10, seed=3)
+
+    if mixed:
+        pipe = sp.mix({"a": source(data.urls[:3]), "b": source(data.urls[3:])}, seed=5)
+    else:
+        pipe = source(data.urls)
+    return pipe.map(key_of)
 
 
 def key_of(sample: dict[str, Any]) -> str:
@@ -317,11 +323,19 @@ def key_of(sample: dict[str, Any]) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("workers", "stop", "persistent"),
-    [(2, 1, False), (3, 1, False), (3, 2, False), (2, 1, True), (0, 0, False)],
+    ("workers", "stop", "persistent", "mixed"),
+    [
+        (2, 1, False, False),
+        (3, 1, False, False),
+        (3, 2, False, False),
+        (2, 1, True, False),
+        (0, 0, False, False),
+        (2, 1, False, True),
+        (0, 0, False, True),
+    ],
 )
 def test_a_checkpoint_before_every_worker_began_the_epoch(
-    make_shards: Callable[..., Dataset], workers: int, stop: int, persistent: bool
+    make_shards: Callable[..., Dataset], workers: int, stop: int, persistent: bool, mixed: bool
 ) -> None:
     """In epoch 1, stopped before some worker yielded: the rest is epoch 1's, not epoch 0's.
 
@@ -332,7 +346,7 @@ def test_a_checkpoint_before_every_worker_began_the_epoch(
 
     def loader() -> StatefulDataLoader:
         return StatefulDataLoader(
-            buffered_chain(data),
+            buffered_chain(data, mixed=mixed),
             batch_size=None,
             num_workers=workers,
             persistent_workers=persistent,
