@@ -43,6 +43,8 @@ TESTS_BY_MODULE: dict[str, list[str]] = {
     "shardpipes/_core/handlers.py": ["tests/core/test_handlers.py", "tests/core/test_samples.py"],
     "shardpipes/_core/index.py": ["tests/core/test_index.py"],
     "shardpipes/_core/mixing.py": ["tests/pipes/test_mix.py"],
+    "shardpipes/_core/prefetch.py": ["tests/core/test_prefetch.py"],
+    "shardpipes/_core/tenbin.py": ["tests/core/test_tenbin.py", "tests/test_writing.py"],
     "shardpipes/_core/policy.py": ["tests/hostile/test_policy.py", "tests/core/test_epochs.py"],
     # not the tests that decode on threads: mutmut's trampoline loses its context there
     "shardpipes/_core/run.py": ["tests/test_one_engine.py", "tests/core/test_epochs.py"],

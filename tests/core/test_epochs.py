@@ -47,6 +47,29 @@ class TestEpochCounter:
         assert counter.current() == 6
         assert counter.begin(2) == 7
 
+    @pytest.mark.parametrize(
+        "steps",
+        [
+            [],  # the first epoch: the one set at construction
+            [("begin", 7)],
+            [("begin", 7), ("begin", 8)],
+            [("begin", None)],
+            [("begin", 7), ("set", 10)],
+            [("begin", 7), ("resumed", 6)],
+        ],
+    )
+    @pytest.mark.parametrize("key", [None, 7, 8, 9])
+    def test_peek_is_what_begin_would_give_and_counts_nothing(
+        self, steps: list[tuple[str, int | None]], key: int | None
+    ) -> None:
+        counter = EpochCounter(2)
+        for method, value in steps:
+            getattr(counter, method)(value)
+        before = counter.current()
+        peeked = [counter.peek(key), counter.peek(key)]
+        assert counter.current() == before  # nothing counted
+        assert peeked == [counter.begin(key)] * 2
+
     def test_a_copy_in_the_same_process_counts_alone(self) -> None:
         """A pickled copy (deepcopy, round trip) starts from the same cells, then diverges."""
         counter = EpochCounter(4)
