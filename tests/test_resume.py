@@ -363,3 +363,165 @@ def test_a_checkpoint_before_every_worker_began_the_epoch(
     second = loader()
     second.load_state_dict(state)
     assert before + list(second) == epoch1
+
+
+def flat(batch: Any) -> list[str]:
+    return list(batch) if isinstance(batch, list) else [batch]
+
+
+def epochs_with_a_checkpoint(
+    make: Callable[[], Any],
+    *,
+    workers: int,
+    epochs: int,
+    stop: tuple[int, int | None],
+    set_epochs: bool,
+    persistent: bool = False,
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Items of each epoch, uninterrupted, and with a checkpoint at ``stop`` resumed.
+
+    ``stop``: (epoch, items taken in it), ``None`` items for after the epoch's end. The
+    resumed run is a new pipe and loader, loaded, calling ``set_epoch`` as the first did.
+    """
+
+    def loader(pipe: Any) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            pipe, batch_size=None, num_workers=workers, persistent_workers=persistent
+        )
+
+    def run(
+        pipe: Any, first: int, load: Any = None, *, stopping: bool = False
+    ) -> tuple[list[list[str]], Any]:
+        out: list[list[str]] = []
+        dl = loader(pipe)
+        if load is not None:
+            dl.load_state_dict(load)
+        for epoch in range(first, epochs):
+            if set_epochs:
+                sp.set_epoch(pipe, epoch)
+            items: list[str] = []
+            if stopping and epoch == stop[0] and stop[1] is not None:
+                for item in dl:
+                    items += flat(item)
+                    if len(items) >= stop[1]:
+                        return [*out, items], json.loads(json.dumps(dl.state_dict()))
+            else:
+                items = [x for item in dl for x in flat(item)]
+            out.append(items)
+            if stopping and epoch == stop[0] and stop[1] is None:
+                return out, json.loads(json.dumps(dl.state_dict()))
+        return out, None
+
+    whole, _ = run(make(), 0)
+    before, state = run(make(), 0, stopping=True)
+    after, _ = run(make(), stop[0] + (stop[1] is None), load=state)
+    if stop[1] is not None:  # the stopped epoch's rest comes first
+        before[-1] += after.pop(0) if after else []
+    return whole, before + after
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workers", "persistent"), [(2, False), (2, True), (0, False)])
+def test_set_epoch_after_a_checkpoint_at_an_epoch_end(
+    make_shards: Callable[..., Dataset], workers: int, persistent: bool
+) -> None:
+    """set_epoch(e) each epoch, a checkpoint after epoch 0 ended: epoch 1 is epoch 1.
+
+    The loader first makes a worker iteration for the ended epoch (nothing left to read)
+    and drops it; that iteration must not count an epoch of its own.
+    """
+    data = make_shards(6, 15)
+    whole, resumed = epochs_with_a_checkpoint(
+        lambda: buffered_chain(data), workers=workers, epochs=3, stop=(0, None),
+        set_epochs=True, persistent=persistent,
+    )  # fmt: skip
+    assert resumed == whole
+
+
+def recipe_mix(data: Dataset) -> Any:
+    """tar_shards of a dict: two sources by weight, epochs of 50 samples (passes run over)."""
+    sources = {"a": data.urls[:3], "b": data.urls[3:]}
+    return sp.recipes.tar_shards(
+        sources, weights={"a": 3, "b": 1}, seed=17, fields=("__key__",), buffer_size=10,
+        epoch_size=50,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("set_epochs", [False, True])
+@pytest.mark.parametrize("stop", [(1, 7), (1, None)])
+@pytest.mark.parametrize("recipe", [False, True])
+def test_a_mix_and_set_epoch_resume(
+    make_shards: Callable[..., Dataset],
+    set_epochs: bool,
+    stop: tuple[int, int | None],
+    recipe: bool,
+) -> None:
+    """A mix (or a recipe's, with epoch_size) resumed mid-epoch or after an epoch."""
+    data = make_shards(6, 15)
+    whole, resumed = epochs_with_a_checkpoint(
+        (lambda: recipe_mix(data)) if recipe else (lambda: buffered_chain(data, mixed=True)),
+        workers=2, epochs=3, stop=stop, set_epochs=set_epochs,
+    )  # fmt: skip
+    assert resumed == whole
+
+
+def test_set_epoch_of_another_epoch_than_the_mix_state_is_refused(
+    make_shards: Callable[..., Dataset],
+) -> None:
+    data = make_shards(6, 15)
+    pipe = buffered_chain(data, mixed=True)
+    items = iter(pipe)
+    next(items)
+    state = sp.Resumable(pipe).state_dict()
+    again = buffered_chain(data, mixed=True)
+    sp.Resumable(again).load_state_dict(state)
+    sp.set_epoch(again, 3)
+    with pytest.raises(ValueError, match="saved in epoch 0; this pipe was set to epoch 3"):
+        list(again)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [(1, 59), (1, None)])
+def test_cycle_resumed_at_an_epoch_end_goes_on_to_the_next_epoch(
+    make_shards: Callable[..., Dataset], stop: tuple[int, int | None]
+) -> None:
+    """cycle_epochs(2), stopped at epoch 1's last item or after it: epoch 2 is epoch 2.
+
+    The checkpoint's epoch is a pass of epoch 1 (its split epoch plus the pass stride);
+    the next epoch counts on from epoch 1, not from the pass's number.
+    """
+    data = make_shards(4, 15)  # 60 samples: 2 passes, 120 items an epoch
+    whole, resumed = epochs_with_a_checkpoint(
+        lambda: buffered_chain(data).cycle_epochs(2), workers=2, epochs=3,
+        stop=(1, 120) if stop[1] else stop, set_epochs=False,
+    )  # fmt: skip
+    assert resumed == whole
+    assert len({tuple(epoch) for epoch in whole}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_set_epoch_to_a_later_epoch_after_loading_an_ended_one(
+    make_shards: Callable[..., Dataset], workers: int, mixed: bool
+) -> None:
+    """Loaded at epoch 0's end, then set_epoch(2): the next iteration is epoch 2.
+
+    The ended epoch's state is dropped unread; dropping it must not undo the choice.
+    """
+    data = make_shards(6, 15)
+    reference = StatefulDataLoader(
+        buffered_chain(data, mixed=mixed), batch_size=None, num_workers=workers
+    )
+    epochs = [list(reference) for _ in range(3)]
+    assert epochs[2] != epochs[1]
+    first = StatefulDataLoader(buffered_chain(data, mixed=mixed), batch_size=None,
+                               num_workers=workers)  # fmt: skip
+    list(first)
+    state = first.state_dict()
+    pipe = buffered_chain(data, mixed=mixed)
+    second = StatefulDataLoader(pipe, batch_size=None, num_workers=workers)
+    second.load_state_dict(state)
+    sp.set_epoch(pipe, 2)
+    assert list(second) == epochs[2]

@@ -22,7 +22,7 @@ from shardpipes._core.shared import ROWS, SharedTable
 __all__ = ["EpochCounter"]
 
 # the header row's cells
-_SET, _GENERATION, _APPLIED, _EPOCH, _KEYED, _KEY = range(6)
+_SET, _GENERATION, _APPLIED, _EPOCH, _KEYED, _KEY, _CHOSEN = range(7)
 
 
 class EpochCounter:
@@ -33,13 +33,17 @@ class EpochCounter:
     """
 
     def __init__(self, epoch: int = 0) -> None:
-        self._table = SharedTable(6)
-        self.set(epoch)
+        self._table = SharedTable(7)
+        self._set(epoch, chosen=False)
 
     def set(self, epoch: int) -> None:
-        """Make ``epoch`` the next iteration's epoch."""
+        """Make ``epoch`` the next iteration's epoch (``set_epoch``: see :meth:`chosen`)."""
+        self._set(epoch, chosen=True)
+
+    def _set(self, epoch: int, *, chosen: bool) -> None:
         with self._table.locked():
             self._table.set(ROWS, _SET, epoch)
+            self._table.set(ROWS, _CHOSEN, int(chosen))
             self._table.add(ROWS, _GENERATION)
 
     def begin(self, key: int | None) -> int:
@@ -71,6 +75,16 @@ class EpochCounter:
             if key is None or not table.get(ROWS, _KEYED) or table.get(ROWS, _KEY) != key:
                 return table.get(ROWS, _EPOCH) + 1
             return table.get(ROWS, _EPOCH)
+
+    def chosen(self) -> int | None:
+        """The epoch :meth:`set` chose for the next iteration, if no iteration began since.
+
+        ``None`` too for the first epoch given to the constructor: nobody chose it.
+        """
+        table = self._table
+        with table.locked():
+            pending = table.get(ROWS, _APPLIED) != table.get(ROWS, _GENERATION)
+            return table.get(ROWS, _SET) if pending and table.get(ROWS, _CHOSEN) else None
 
     def resumed(self, epoch: int) -> None:
         """The current iteration is (or was) ``epoch``, resumed from a checkpoint."""

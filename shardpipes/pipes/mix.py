@@ -115,11 +115,19 @@ class Mixer(IterDataPipe[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._begun += 1
-        epoch = self._epochs.begin(iteration_key(None, self._begun))
         pinned, self._pinned = self._pinned, None
-        if pinned is not None:
+        if pinned is not None:  # its epoch is counted from the state, not as a new one
             epoch = int(pinned["epoch"])
+            chosen = self._epochs.chosen()
+            if chosen is not None and chosen != epoch:
+                msg = (
+                    f"the mix's state was saved in epoch {epoch}; this pipe was set to epoch "
+                    f"{chosen} (set_epoch): set the epoch the checkpoint was taken in"
+                )
+                raise ValueError(msg)
             self._epochs.resumed(epoch)
+        else:
+            epoch = self._epochs.begin(iteration_key(None, self._begun))
         total, worker = self._placement()
         quota = self._quota(total, worker)
         draws = MixDraws(self.weights, self.draw_seed(epoch, worker))
@@ -215,7 +223,8 @@ class Mixer(IterDataPipe[dict[str, Any]]):
     def drop_loaded(self) -> None:
         """Drop a loaded state that no epoch began from; its epoch counts as done."""
         if self._pinned is not None:
-            self._epochs.resumed(int(self._pinned["epoch"]))
+            if self._epochs.chosen() is None:  # else set_epoch chose the next one
+                self._epochs.resumed(int(self._pinned["epoch"]))
             self._pinned = None
 
     def state_dict(self) -> dict[str, Any]:

@@ -268,7 +268,6 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self.storage_options = dict(storage_options or {})
         self.index = dict(index or {})
         self._epochs = EpochCounter()  # shared with this pipe's DataLoader workers
-        self._epoch_set = False  # set_epoch was called (a loaded state must agree with it)
         self._shared_seed: int | None = None
         self._begun = 0  # iterations this copy of the pipe has begun
         # each shard's sample ranges (uncompressed offsets) and whether it is compressed, by
@@ -305,7 +304,6 @@ class ShardSplitter(ShardingFilterIterDataPipe):
             msg = f"epoch must be a non-negative int (got {epoch!r})"
             raise ValueError(msg)
         self._epochs.set(epoch)
-        self._epoch_set = True
         if self._elastic is not None and self._elastic["epoch"] != epoch:
             self._elastic = None  # another epoch: the resumed one is over
 
@@ -346,12 +344,12 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         if self._elastic is not None and self._elastic["epoch"] == epoch:
             elastic = self._elastic
         if pinned is not None:
-            _check_state(pinned, used, fixed_seed=self.seed, epoch_set=self._epoch_set)
+            _check_state(pinned, used, fixed_seed=self.seed)
             seed, epoch = used["seed"], used["epoch"] = pinned["seed"], pinned["epoch"]
-            self._epochs.resumed(epoch)  # later ones count on from it
+            self._count_pinned(pinned)  # later ones count on from it
             elastic = pinned if "elastic" in pinned else None
         if elastic is not None:  # the rest of an epoch begun on another topology
-            _check_state(elastic, used, fixed_seed=self.seed, epoch_set=False)
+            _check_state(elastic, used, fixed_seed=self.seed)
             seed, epoch = used["seed"], used["epoch"] = elastic["seed"], elastic["epoch"]
             used["elastic"] = elastic["elastic"]
         self._used = used
@@ -489,14 +487,37 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         an epoch) must leave every source's count where the others' are.
         """
         if self._pinned is not None:  # a loaded state's epoch: counted as begun now
-            self._epochs.resumed(self._pinned["epoch"])
+            self._count_pinned(self._pinned)
         elif self._pass_epoch is None:
             self._pass_epoch = self._epochs.begin(self._iteration_key())
 
+    def _count_pinned(self, pinned: Mapping[str, Any]) -> None:
+        """Count a loaded state's epoch as this iteration's (after checking ``set_epoch``'s).
+
+        A pass's epoch (``mix(epoch_size=)``, ``cycle_epochs``) counts as the epoch it is a
+        pass of: the next iteration is the one after that.
+
+        Raises:
+            ValueError: ``set_epoch`` chose another epoch for this iteration.
+        """
+        chosen, epoch = self._epochs.chosen(), pinned["epoch"] % PASS_STRIDE
+        if chosen is not None and chosen != epoch:
+            msg = (
+                f"the state was saved in epoch {epoch}; this pipe was set to epoch {chosen} "
+                "(set_epoch): set the epoch the checkpoint was taken in"
+            )
+            raise ValueError(msg)
+        self._epochs.resumed(epoch)
+
     def __iter__(self) -> Iterator[ShardPart]:
         local, self._pass_epoch = self._pass_epoch, None
-        epoch = local if local is not None else self._epochs.begin(self._iteration_key())
         pinned, self._pinned = self._pinned, None
+        if local is not None:
+            epoch = local
+        elif pinned is not None:  # its epoch is counted from the state, not as a new one
+            epoch = self._epochs.peek(self._iteration_key())
+        else:
+            epoch = self._epochs.begin(self._iteration_key())
         yield from self._plan(epoch, pinned)
 
     def __len__(self) -> int:
@@ -551,7 +572,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
     def drop_pinned(self) -> None:
         """Drop a loaded state that no iteration used; its epoch counts as done."""
         if self._pinned is not None:
-            self._epochs.resumed(self._pinned["epoch"])
+            if self._epochs.chosen() is None:  # else set_epoch chose the next one
+                self._epochs.resumed(self._pinned["epoch"] % PASS_STRIDE)
             self._pinned = None
 
     def _count(self, url: str) -> int:
@@ -579,9 +601,12 @@ def _digest(urls: Sequence[str]) -> str:
 
 
 def _check_state(
-    saved: Mapping[str, Any], now: Mapping[str, Any], *, fixed_seed: int | None, epoch_set: bool
+    saved: Mapping[str, Any], now: Mapping[str, Any], *, fixed_seed: int | None
 ) -> None:
-    """Raise ``ValueError`` naming the first way a saved split state differs from now."""
+    """Raise ``ValueError`` naming the first way a saved split state differs from now.
+
+    Not its epoch: see ``ShardSplitter._count_pinned``.
+    """
     if "digest" in saved and (saved["shards"], saved["digest"]) != (now["shards"], now["digest"]):
         msg = (
             f"the state was saved for another shard list ({saved['shards']} shards, digest "
@@ -600,12 +625,6 @@ def _check_state(
         raise ValueError(msg)
     if fixed_seed is not None and saved["seed"] != fixed_seed:
         msg = f"the state was saved with seed {saved['seed']}; this pipe has seed={fixed_seed}"
-        raise ValueError(msg)
-    if epoch_set and saved["epoch"] % PASS_STRIDE != now["epoch"] % PASS_STRIDE:
-        msg = (
-            f"the state was saved in epoch {saved['epoch']}; this pipe was set to epoch "
-            f"{now['epoch']} (set_epoch): set the epoch the checkpoint was taken in"
-        )
         raise ValueError(msg)
     if saved.get("blocks") != now.get("blocks") and "workers" in saved:
         msg = (
