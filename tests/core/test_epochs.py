@@ -70,6 +70,19 @@ class TestEpochCounter:
         assert counter.current() == before  # nothing counted
         assert peeked == [counter.begin(key)] * 2
 
+    def test_chosen_is_a_set_epoch_no_iteration_took_yet(self) -> None:
+        counter = EpochCounter(3)
+        assert counter.chosen() is None  # the constructor's first epoch: nobody chose it
+        counter.set(5)
+        assert counter.chosen() == 5
+        assert counter.peek(1) == 5
+        assert counter.chosen() == 5  # peek takes nothing
+        assert counter.begin(1) == 5
+        assert counter.chosen() is None
+        counter.set(7)
+        counter.resumed(6)  # a loaded state's epoch took the place of the choice
+        assert counter.chosen() is None
+
     def test_a_copy_in_the_same_process_counts_alone(self) -> None:
         """A pickled copy (deepcopy, round trip) starts from the same cells, then diverges."""
         counter = EpochCounter(4)

@@ -121,3 +121,24 @@ def test_closing_while_the_producer_waits_for_its_source() -> None:
 def test_size_must_be_a_positive_int(size: object) -> None:
     with pytest.raises(ValueError, match="size must be a positive int"):
         Prefetch(iter([]), size, lambda: None, (0, None))  # type: ignore[arg-type]
+
+
+def test_before_any_item_it_is_at_its_mark() -> None:
+    run = prefetch(iter(range(3)), 2)
+    assert run.mark == (0, "start")
+    assert run.behind() == 0
+    assert list(run) == [0, 1, 2]  # a source without close() (a list iterator)
+    assert run.behind() == 0
+    with pytest.raises(RuntimeError, match="iterated once"):
+        list(run)
+
+
+def test_the_producer_is_a_named_daemon_thread() -> None:
+    """Named, so that a leak shows; a daemon, so that it never keeps a program alive."""
+    producer = Producer(100)
+    items = iter(prefetch(iter(producer), 2))
+    next(items)
+    threads = [t for t in threading.enumerate() if t.name == "shardpipes-prefetch"]
+    assert len(threads) == 1
+    assert threads[0].daemon
+    items.close()  # type: ignore[attr-defined]

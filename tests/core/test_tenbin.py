@@ -150,3 +150,49 @@ def test_msgpack_missing_says_how_to_get_it(
         list(sp.list_shards(url).open_tar().decode())
     got: Any = next(iter(sp.list_shards(url).open_tar().decode(mp=None)))
     assert isinstance(got["mp"], bytes)
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.array(5, dtype=np.int64)],  # no dimension: a header of 24 bytes
+        [np.zeros((1,) * 9, dtype=np.uint8)],  # the most dimensions
+        [np.arange(1000, dtype=np.float32), np.arange(7, dtype=np.int8)],  # padded chunks
+    ],
+)
+def test_our_own_round_trips_at_the_edges(arrays: list[Any]) -> None:
+    back = decode_tenbin(encode_tenbin(arrays))
+    assert [(a.dtype, a.shape) for a in back] == [(a.dtype, a.shape) for a in arrays]
+    assert all(np.array_equal(a, b) for a, b in zip(back, arrays, strict=True))
+
+
+def test_the_last_chunk_may_go_without_its_padding() -> None:
+    data = encode_tenbin([np.arange(3, dtype=np.int16)])
+    body = 6  # the last chunk's bytes, before its padding to 64
+    unpadded = data[: len(data) - (64 - body)]
+    assert decode_tenbin(unpadded)[0].tolist() == [0, 1, 2]
+    assert decode_tenbin(b"") == []
+    with pytest.raises(ValueError, match="a header without its data"):
+        decode_tenbin(MAGIC + struct.pack("<q", 0))  # 16 bytes: one empty chunk
+
+
+def test_a_header_may_hold_more_fields_than_its_dimensions() -> None:
+    data = chunk(header("i2", (3,)) + struct.pack("<q", 99)) + chunk(
+        np.arange(3, dtype="<i2").tobytes()
+    )
+    (array,) = decode_tenbin(data)
+    assert array.shape == (3,)
+
+
+@pytest.mark.parametrize("code", [b"f4\0\0\0\0\0\xff", b"\xff\xfe\0\0\0\0\0\0"])
+def test_a_type_code_that_is_not_ascii_is_unknown(code: bytes) -> None:
+    head = code + header("f4", (2,))[8:]
+    with pytest.raises(ValueError, match="unknown type"):
+        decode_tenbin(chunk(head) + chunk(bytes(8)))
+
+
+def test_encode_refuses_what_is_not_a_numpy_array_saying_what() -> None:
+    with pytest.raises(TypeError, match=r"tenbin holds numpy arrays \(got a Tensor\)"):
+        encode_tenbin([torch.zeros(2)])
+    with pytest.raises(TypeError, match=r"float16, float32.*at most 9 dimensions"):
+        encode_tenbin([np.zeros((1,) * 10, dtype=np.uint8)])
