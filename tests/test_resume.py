@@ -486,14 +486,16 @@ def test_set_epoch_of_another_epoch_than_the_mix_state_is_refused(
 def test_cycle_resumed_at_an_epoch_end_goes_on_to_the_next_epoch(
     make_shards: Callable[..., Dataset], stop: tuple[int, int | None]
 ) -> None:
-    """cycle_epochs(2), stopped at epoch 1's last item or after it: epoch 2 is epoch 2.
+    """cycle_epochs(2), stopped at epoch 1's last batch or after it: epoch 2 is epoch 2.
 
     The checkpoint's epoch is a pass of epoch 1 (its split epoch plus the pass stride);
-    the next epoch counts on from epoch 1, not from the pass's number.
+    the next epoch counts on from epoch 1, not from the pass's number. At the last batch
+    the cycle has ended (the batch was cut short by its end): resumed, it reads nothing,
+    and the stages before it still count their epoch.
     """
     data = make_shards(4, 15)  # 60 samples: 2 passes, 120 items an epoch
     whole, resumed = epochs_with_a_checkpoint(
-        lambda: buffered_chain(data).cycle_epochs(2), workers=2, epochs=3,
+        lambda: buffered_chain(data).cycle_epochs(2).batch(7), workers=2, epochs=3,
         stop=(1, 120) if stop[1] else stop, set_epochs=False,
     )  # fmt: skip
     assert resumed == whole

@@ -163,6 +163,11 @@ class EpochCycler(Positioned):
     def _stream(self, wanted: frozenset[str] | None) -> Iterator[Any]:
         pinned = self._take_pinned()
         self._pass = int(pinned.get("pass", 0))
+        if self.count is not None and self._pass >= self.count:
+            from shardpipes.pipes.resumable import Positions
+
+            Positions(self.source_datapipe).drop_loaded()  # its epoch is over, unread
+            return
         first = True  # a resumed pass may have nothing left
         while self.count is None or self._pass < self.count:
             if not first:
