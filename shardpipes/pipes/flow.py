@@ -78,8 +78,9 @@ class SampleLimiter(Positioned):
     webdataset's ``.slice(n)`` and torchdata's ``.header(n)``, counted over the whole
     epoch rather than per DataLoader worker: each of the ``T`` workers × ranks gives
     ``n // T`` items, the first ``n % T`` one more (fewer if its share of the data runs
-    out first). It stops reading there; the next epoch starts again from the top. Its count
-    is in the pipeline's state, so a resumed epoch stops at the same place.
+    out first); with ``split_shards(even=True)`` upstream, ``n // T`` each, as DDP
+    needs. It stops reading there; the next epoch starts again from the top. Its count is
+    in the pipeline's state, so a resumed epoch stops at the same place.
 
     Args:
         source_datapipe: Items: samples, or batches after ``batch``.
@@ -98,7 +99,13 @@ class SampleLimiter(Positioned):
         self._given = 0
 
     def quota(self, total: int, worker: int) -> int:
-        """The items global worker ``worker`` of ``total`` gives in an epoch, at most."""
+        """The items global worker ``worker`` of ``total`` gives in an epoch, at most.
+
+        With ``split_shards(even=True)`` upstream (DDP), ``n // total`` for every worker:
+        ranks that gave different counts would hang a collective.
+        """
+        if any(splitter.even for splitter in splitters(self.source_datapipe)):
+            return self.n // total
         return share(self.n, total, worker)
 
     def _stream(self, wanted: frozenset[str] | None) -> Iterator[Any]:

@@ -371,3 +371,15 @@ def test_states_under_a_prefetch_do_not_walk_the_graph_per_item(
         counts.append(len(walks))
     assert len(counts) == 200
     assert counts[-1] == counts[10]  # a fixed few walks at the start, none per item
+
+
+@slow
+def test_limit_with_even_gives_every_worker_as_many(make_shards: Callable[..., Dataset]) -> None:
+    """even=True (DDP): 51 over 2 workers is 25 each, so that ranks never differ by one."""
+    data = make_shards(4, 20)
+    for url in data.urls:
+        sp.write_index(url)
+    pipe = sp.list_shards(data.urls).split_shards(even=True, seed=1).open_tar().limit_samples(51)
+    got = keys(DataLoader(pipe, batch_size=None, num_workers=2))
+    assert len(got) == len(set(got)) == 50
+    assert len(DataLoader(pipe, batch_size=None, num_workers=2)) == 50
