@@ -182,7 +182,11 @@ class Mixer(IterDataPipe[dict[str, Any]]):
         self._epochs.set(epoch)
 
     def _quota(self, total: int, worker: int) -> int | None:
-        """This worker's share of ``epoch_size`` (``None``: one pass over the sources)."""
+        """This worker's share of ``epoch_size`` (``None``: one pass over the sources).
+
+        ``epoch_size // total`` for every worker when the sources split with ``even=True``
+        (DDP): ranks that gave different counts would hang a collective.
+        """
         if self.epoch_size is None:
             return None
         if self.epoch_size < total:
@@ -191,6 +195,8 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 f"({total}): some would have no sample to give"
             )
             raise ValueError(msg)
+        if all(s.even for pipe in self.sources.values() for s in splitters(pipe)):
+            return self.epoch_size // total
         return share(self.epoch_size, total, worker)
 
     def _next(self, streams: dict[str, Iterator[Any]], name: str) -> Any | None:

@@ -301,3 +301,22 @@ def test_a_state_saved_at_the_end_of_an_epoch_resumes_the_next(
     second = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
     second.load_state_dict(state)
     assert [tuple(x) for x in second] == epochs[1]
+
+
+def test_epoch_size_with_even_sources_gives_every_worker_as_many(
+    two: tuple[Dataset, Dataset],
+) -> None:
+    """even=True sources (DDP): epoch_size 101 over 2 workers is 50 each."""
+    a, b = two
+    for url in [*a.urls, *b.urls]:
+        sp.write_index(url)
+
+    def even(data: Dataset) -> Any:
+        return sp.list_shards(data.urls).split_shards(seed=1, even=True).open_tar()
+
+    pipe = sp.mix({"a": even(a), "b": even(b)}, epoch_size=101, seed=2)
+    assert len(DataLoader(pipe, batch_size=None, num_workers=2)) == 100
+    got = keyed(loader(pipe))
+    assert len(got) == 100
+    odd = sp.mix({"a": source(a), "b": source(b)}, epoch_size=101, seed=2)
+    assert len(keyed(loader(odd))) == 101
