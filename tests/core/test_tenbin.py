@@ -196,3 +196,25 @@ def test_encode_refuses_what_is_not_a_numpy_array_saying_what() -> None:
         encode_tenbin([torch.zeros(2)])
     with pytest.raises(TypeError, match=r"float16, float32.*at most 9 dimensions"):
         encode_tenbin([np.zeros((1,) * 10, dtype=np.uint8)])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xdd\xff\xff\xff\xff",  # an array claiming 4 billion items
+        b"\xdf\xff\xff\xff\xff",  # a map claiming as many
+        b"\xc6\xff\xff\xff\xff",  # 4 GiB of bin in 5 bytes
+        b"\x91" * 100_000 + b"\xc0",  # nested 100,000 deep
+    ],
+)
+def test_hostile_msgpack_is_a_decode_error_naming_the_member(tmp_path: Path, data: bytes) -> None:
+    """The unpackb of msgpack holds claims to the member's size and its nesting to a limit."""
+    url = str(tmp_path / "mp-000.tar")
+    with sp.TarWriter(url) as sink:
+        sink.write({"__key__": "good", "mp": {"a": 1}})
+        sink.write({"__key__": "evil", "mp": data})
+    with pytest.raises(DecodeError, match=r"member 'evil\.mp'"):
+        list(sp.list_shards(url).open_tar().decode())
+    with pytest.warns(sp.ShardpipesWarning, match="evil"):
+        kept = list(sp.list_shards(url).open_tar().decode(handler="warn"))
+    assert [s["mp"] for s in kept] == [{"a": 1}]
