@@ -239,6 +239,8 @@ class ItemPrefetcher(Positioned):
     def _stream(self, wanted: frozenset[str] | None) -> Iterator[Any]:
         from shardpipes.pipes.resumable import Positions
 
+        if self._run is not None:  # a loop left early, its iterator still held: stop it
+            self._run.close()
         skip = int(self._take_pinned().get("skip", 0))
         positions = Positions(self.source_datapipe)
         mark = (0, positions.states())  # nothing runs the source yet

@@ -383,3 +383,16 @@ def test_limit_with_even_gives_every_worker_as_many(make_shards: Callable[..., D
     got = keys(DataLoader(pipe, batch_size=None, num_workers=2))
     assert len(got) == len(set(got)) == 50
     assert len(DataLoader(pipe, batch_size=None, num_workers=2)) == 50
+
+
+def test_a_new_iteration_stops_the_thread_of_one_left_early(data: Dataset) -> None:
+    """The loop of epoch 0 left early, its iterator still held: epoch 1 has one thread."""
+    pipe = chain(data).prefetch_items(4)
+    first = iter(pipe)
+    next(first)
+    second = iter(pipe)
+    next(second)
+    threads = [t for t in threading.enumerate() if t.name == "shardpipes-prefetch"]
+    assert len(threads) == 1
+    second.close()  # type: ignore[attr-defined]
+    del first
