@@ -36,7 +36,7 @@ from shardpipes.pipes._epoch import pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.elastic import resume_from
-from shardpipes.pipes.fields import TupleMaker
+from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
 from shardpipes.pipes.flow import EpochCycler, ItemPrefetcher, SampleLimiter
 from shardpipes.pipes.index import build_index, read_index, write_index
 from shardpipes.pipes.mix import Mixer, mix
@@ -61,6 +61,8 @@ __all__ = [
     "DecodeError",
     "EpochCycler",
     "ErrorPolicy",
+    "FieldMapper",
+    "FieldRenamer",
     "ItemPrefetcher",
     "MissingFieldError",
     "Mixer",

@@ -272,3 +272,25 @@ def test_a_member_that_is_not_its_format_says_so(tmp_path: Path) -> None:
     decoded = sp.list_shards(str(tmp_path / "p.tar")).open_tar().decode()
     with pytest.raises(sp.DecodeError, match=r"not a torch\.save file"):
         list(decoded)
+
+
+def test_image_tensors_chw_or_hwc(tmp_path: Path) -> None:
+    """A tensor is CHW when its first side is 1, 3 or 4 channels, else HWC.
+
+    An error shows the shape given.
+    """
+    rgb = np.arange(8 * 6 * 3, dtype=np.uint8).reshape(8, 6, 3)
+    url = str(tmp_path / "t.tar")
+    with sp.TarWriter(url) as sink:
+        sink.write({"__key__": "chw", "png": torch.from_numpy(rgb).permute(2, 0, 1)})
+        sink.write({"__key__": "hwc", "png": torch.from_numpy(rgb)})
+        with pytest.raises(TypeError, match=r"\(got \(8, 6, 5\)\)"):
+            sink.write({"__key__": "bad", "png": torch.zeros(8, 6, 5, dtype=torch.uint8)})
+    back = {s["__key__"]: s["png"] for s in sp.list_shards(url).open_tar().decode("numpy")}
+    assert np.array_equal(back["chw"], rgb)
+    assert np.array_equal(back["hwc"], rgb)
+
+
+def test_field_stages_are_exported() -> None:
+    assert sp.FieldRenamer.__name__ == "FieldRenamer"
+    assert sp.FieldMapper.__name__ == "FieldMapper"

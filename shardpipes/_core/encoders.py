@@ -192,12 +192,16 @@ def _image(value: Any, fmt: str) -> bytes:
     if not isinstance(value, PIL.Image.Image):
         array = value.numpy() if type(value).__module__ == "torch" else value
         array = _as_uint8(array)
-        if type(value).__module__ == "torch" and array.ndim == 3:
-            array = numpy.transpose(array, (1, 2, 0))  # CHW to HWC
+        given = array.shape
+        if type(value).__module__ == "torch" and array.ndim == 3 and array.shape[0] in (1, 3, 4):
+            array = numpy.transpose(array, (1, 2, 0))  # a tensor's CHW to HWC (else HWC)
         if array.ndim == 3 and array.shape[2] == 1:
             array = array[:, :, 0]
         if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
-            msg = f"an image array must be HW or HWC with 1, 3 or 4 channels (got {array.shape})"
+            msg = (
+                "an image array must be HW or HWC (a tensor also CHW) with 1, 3 or 4 channels "
+                f"(got {tuple(given)})"
+            )
             raise TypeError(msg)
         image = PIL.Image.fromarray(numpy.ascontiguousarray(array))
     if fmt == "JPEG" and image.mode in ("RGBA", "LA", "PA"):

@@ -156,9 +156,17 @@ def _checked(load: Any) -> Any:
                 msg = (
                     f"the loader state was saved with num_workers={saved}; this loader has "
                     f"num_workers={self.num_workers}. Resume with the same num_workers (and "
-                    "world size), or on another topology with pipe = sp.resume_from(pipe, "
-                    "state) and a new loader"
+                    "world size)"
                 )
+                held = self.dataset.positions().held
+                if held:  # resume_from refuses them
+                    names = sorted({type(stage).__name__ for stage in held})
+                    msg += f": a pipeline with {', '.join(names)} resumes on no other"
+                else:
+                    msg += (
+                        ", or on another topology with pipe = sp.resume_from(pipe, state) and "
+                        "a new loader"
+                    )
                 raise ValueError(msg)
         load(self, state_dict)
 

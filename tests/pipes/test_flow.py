@@ -396,3 +396,15 @@ def test_a_new_iteration_stops_the_thread_of_one_left_early(data: Dataset) -> No
     assert len(threads) == 1
     second.close()  # type: ignore[attr-defined]
     del first
+
+
+def test_another_num_workers_is_refused_without_pointing_to_resume_from(data: Dataset) -> None:
+    """resume_from refuses these stages: the error does not send the user there."""
+    first = StatefulDataLoader(chain(data).limit_samples(50), batch_size=None, num_workers=0)
+    items = iter(first)
+    next(items)
+    state = first.state_dict()
+    second = StatefulDataLoader(chain(data).limit_samples(50), batch_size=None, num_workers=2)
+    with pytest.raises(ValueError, match="SampleLimiter resumes on no other") as info:
+        second.load_state_dict(state)
+    assert "resume_from" not in str(info.value)
