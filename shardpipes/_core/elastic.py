@@ -34,10 +34,12 @@ __all__ = [
     "left_over",
     "part_indices",
     "replay",
+    "samples_of",
     "share",
     "size_of",
     "unit_from_list",
     "unit_to_list",
+    "units_of",
 ]
 
 Ranges = Sequence[tuple[int, int]]  # the byte range of each sample of a shard, in order
@@ -134,20 +136,36 @@ def _run(url: str, start: int, stop: int, ranges: Ranges, *, streamed: bool) -> 
 
 def _samples_as_units(samples: Iterable[tuple[str, int, int]], shards: Shards) -> list[ShardPart]:
     """Single samples ``(url, start, end)`` as sample ranges, adjacent ones merged."""
-    by_url: dict[str, list[tuple[int, int]]] = {}
+    found = []
+    where: dict[str, dict[int, tuple[int, int]]] = {}
     for url, start, end in samples:
-        by_url.setdefault(url, []).append((start, end))
+        if url not in where:
+            where[url] = {s: (i, e) for i, (s, e) in enumerate(shards.ranges(url))}
+        index = where[url].get(start)
+        if index is None or index[1] != end:
+            msg = f"{url}: no sample at bytes {start}..{end} (has the shard changed?)"
+            raise ValueError(msg)
+        found.append((url, index[0]))
+    return units_of(found, shards)
+
+
+def samples_of(units: Iterable[ShardPart], shards: Shards) -> list[tuple[str, int]]:
+    """The samples ``units`` hold, in reading order: ``(url, index in the shard)``."""
     out = []
-    for url, spans in by_url.items():
+    for unit in units:
+        mine = part_indices(unit, len(shards.ranges(unit.url)), streamed=shards.streamed(unit.url))
+        out += [(unit.url, i) for i in mine]
+    return out
+
+
+def units_of(samples: Iterable[tuple[str, int]], shards: Shards) -> list[ShardPart]:
+    """Samples ``(url, index)`` as sample ranges: by shard (first seen first), runs merged."""
+    by_url: dict[str, list[int]] = {}
+    for url, index in samples:
+        by_url.setdefault(url, []).append(index)
+    out = []
+    for url, indices in by_url.items():
         ranges, streamed = shards.ranges(url), shards.streamed(url)
-        where = {start: (i, end) for i, (start, end) in enumerate(ranges)}
-        indices = []
-        for start, end in spans:
-            found = where.get(start)
-            if found is None or found[1] != end:
-                msg = f"{url}: no sample at bytes {start}..{end} (has the shard changed?)"
-                raise ValueError(msg)
-            indices.append(found[0])
         indices.sort()
         first = prev = indices[0]
         for i in [*indices[1:], None]:
@@ -190,19 +208,31 @@ def replay(
     buffer_size: int,
     seed: int,
     delivered: int,
+    strict: bool = True,
 ) -> dict[str, Any]:
     """The position of a worker's epoch after it delivered ``delivered`` samples.
 
     Its run again, on references (no byte read): the same ``EpochRun``, the same buffer
     and seed, so the same samples come out in the same order.
 
+    Args:
+        parts: The worker's parts, in reading order.
+        shards: The shards' sample ranges.
+        buffer_size: Its shuffle buffer's size (below 2: none).
+        seed: Its buffer's seed.
+        delivered: Samples it delivered.
+        strict: Whether parts holding fewer than ``delivered`` samples are an error (else
+            the position is the epoch's end).
+
     Raises:
-        ValueError: If the worker's parts hold fewer than ``delivered`` samples.
+        ValueError: If ``strict`` and the worker's parts hold fewer than ``delivered`` samples.
     """
     run = EpochRun(_References(shards), parts, buffer_size=buffer_size, seed=seed)
     located = run.located()
     for n in range(delivered):
         if next(located, None) is None:
+            if not strict:
+                break
             msg = (
                 f"a worker's parts hold {n} samples; its rank's state says it delivered {delivered}"
             )

@@ -11,21 +11,28 @@ from pathlib import PurePath
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter import Mapper
 
 from shardpipes._core.elastic import (
     buffer_seed_of,
     left_over,
     replay,
+    samples_of,
     size_of,
     unit_to_list,
+    units_of,
 )
 from shardpipes._core.mixing import replay_draws
 from shardpipes._core.split import ShardPart
 from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, reading_of, readings
 from shardpipes.pipes._stage import graph_pipes
+from shardpipes.pipes.decode import SampleDecoder
+from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
+from shardpipes.pipes.flow import SampleLimiter
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Positions, Resumable, mixers
-from shardpipes.pipes.shards import ShardSplitter, _digest, splitters
+from shardpipes.pipes.shards import ShardLister, ShardSplitter, _digest, splitters
+from shardpipes.pipes.shuffle import SampleShuffler
 
 __all__ = ["resume_from"]
 
@@ -54,10 +61,18 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     every rank's). Fewer than (ranks × workers now) samples
     are left out, so that every worker delivers as many.
 
+    With a ``limit_samples(n)`` after the reading, the rest of its epoch is what each old
+    worker would still have delivered of its share of ``n`` (found by replaying its
+    shuffle buffer, so a buffer needs the job's fixed ``seed``); the stages between
+    must give one item per sample (``decode``, ``to_tuple``, ``map``… not ``batch`` or
+    ``filter``). The epochs after are ``n`` samples over the new topology.
+
     Args:
         pipe: The pipeline (a recipe, a chain, or ``Resumable`` of one), with one reading
             stage, or a ``mix`` of several (not with ``epoch_size`` or ``resample``): each
-            source's rest is dealt out, and the new workers draw from them by weight.
+            source's rest is dealt out, and the new workers draw from them by weight. It
+            may end in a ``limit_samples`` (not after a mix); not ``cycle_epochs`` or
+            ``prefetch_items``.
         state: One rank's state, or a list of every rank's.
 
     Returns:
@@ -78,7 +93,7 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     if not isinstance(target, IterDataPipe):
         msg = f"resume_from takes a shardpipes pipeline (got {type(pipe).__name__})"
         raise TypeError(msg)
-    found, mixer = _stages(target)
+    found, mixer, limiter = _stages(target)
     ranks = _rank_states(state, len(found))
     plans = []
     for i, (reading, splitter) in enumerate(found):
@@ -86,7 +101,11 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
         plans.append(_Plan(reading, splitter, stage_ranks, _buffer(target, reading, splitter)))
     delivered = _Delivered(plans, ranks, mixer)
     for (reading, splitter), plan in zip(found, plans, strict=True):
-        units = plan.left(delivered)
+        if limiter is None:
+            units = plan.left(delivered)
+        else:
+            units = plan.limited(delivered, limiter, _given(ranks))
+            limiter.drop_loaded()  # the resumed epoch's limit is its units; then n again
         index = {url: i for i, url in enumerate(plan.urls)}
         saved = plan.saved
         elastic = {"units": [unit_to_list(unit, index) for unit in units]}
@@ -104,15 +123,20 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
 
 def _stages(
     pipe: IterDataPipe[Any],
-) -> tuple[list[tuple[ShardReading, ShardSplitter]], Mixer | None]:
-    """The reading stages with their splitters (in the state's order), and the mix, if any."""
+) -> tuple[list[tuple[ShardReading, ShardSplitter]], Mixer | None, SampleLimiter | None]:
+    """The reading stages with their splitters (in the state's order), the mix and the limit.
+
+    Raises:
+        ValueError: For a pipeline ``resume_from`` cannot resume, saying why.
+    """
     held = Positions(pipe).held
-    if held:
+    limiter = held[0] if len(held) == 1 and isinstance(held[0], SampleLimiter) else None
+    if held and limiter is None:
+        names = ", ".join(sorted({type(stage).__name__ for stage in held}))
         msg = (
-            "resume_from cannot yet resume a pipeline with "
-            f"{', '.join(sorted({type(stage).__name__ for stage in held}))} (limit_samples, "
-            "cycle_epochs, prefetch_items) on another topology: resume it on the same number "
-            "of ranks and workers (load_state_dict)"
+            f"resume_from cannot yet resume a pipeline with {names} (cycle_epochs, "
+            "prefetch_items, more than one limit_samples) on another topology: resume it on "
+            "the same number of ranks and workers (load_state_dict)"
         )
         raise ValueError(msg)
     mixes = mixers(pipe)
@@ -120,6 +144,8 @@ def _stages(
         msg = "resume_from resumes at most one mix on another topology"
         raise ValueError(msg)
     mixer = mixes[0] if mixes else None
+    if limiter is not None:
+        _check_limit(limiter, mixer)
     if mixer is not None and (mixer.epoch_size is not None or mixer.resample):
         msg = (
             "resume_from cannot yet resume a mix with epoch_size= or resample=True on another "
@@ -142,7 +168,55 @@ def _stages(
             f"has {len(found)})"
         )
         raise ValueError(msg)
-    return found, mixer
+    return found, mixer, limiter
+
+
+# stages that give one item per sample they take (unless an error handler skips one)
+_ONE_FOR_ONE = (
+    Mapper,
+    SampleDecoder,
+    TupleMaker,
+    FieldRenamer,
+    FieldMapper,
+    SampleShuffler,
+    ShardLister,
+    ShardSplitter,
+)
+
+
+def _check_limit(limiter: SampleLimiter, mixer: Mixer | None) -> None:
+    """A ``limit_samples`` resumes elsewhere if it counts one reading's samples."""
+    if mixer is not None:
+        msg = (
+            "resume_from cannot yet resume a limit_samples with a mix on another topology: "
+            "resume it on the same number of ranks and workers (load_state_dict), or give "
+            "the mix an epoch_size= instead of the limit"
+        )
+        raise ValueError(msg)
+    for stage in graph_pipes(limiter.source_datapipe):
+        if reading_of(stage) is None and not isinstance(stage, _ONE_FOR_ONE):
+            msg = (
+                f"resume_from resumes a limit_samples on another topology only when it counts "
+                f"samples, and this one has {type(stage).__name__} before it: put "
+                "limit_samples before batch and filter (its n is then samples), or resume on "
+                "the same number of ranks and workers (load_state_dict)"
+            )
+            raise ValueError(msg)
+
+
+def _given(ranks: list[list[_Worker]]) -> dict[int, int]:
+    """The items each begun old worker's ``limit_samples`` had given, by global worker."""
+    out = {}
+    for workers in ranks:
+        for worker in workers:
+            split = _split_of(worker.stages[0])
+            if "workers" not in split:
+                continue  # not begun: it gave nothing
+            if not worker.held:
+                msg = "the state has no limit_samples count: it was saved by another pipeline"
+                raise ValueError(msg)
+            out[int(split["worker"])] = int(worker.held[0]["given"])
+    return out
 
 
 @dataclass
@@ -151,6 +225,7 @@ class _Worker:
 
     stages: list[Mapping[str, Any]]
     mix: Mapping[str, Any] | None
+    held: list[Mapping[str, Any]] | None = None  # limit_samples' counts
 
 
 def _rank_states(state: Any, stages: int) -> list[list[_Worker]]:
@@ -197,7 +272,7 @@ def _worker_states(state: Any, stages: int) -> list[_Worker]:
             msg = f"not a state of this pipeline ({stages} reading stages): {str(one)[:200]}"
             raise ValueError(msg)
         mixes = one.get("mixes") or [None]
-        out.append(_Worker(list(found), mixes[0]))
+        out.append(_Worker(list(found), mixes[0], one.get("held")))
     return out
 
 
@@ -322,25 +397,79 @@ class _Plan:
         """Samples a worker whose state was given delivered."""
         return _count(self.parts(worker)) - _count(self.saved_left(worker))
 
-    def replayed_left(self, worker: int, delivered: int) -> list[ShardPart]:
-        """What a worker left after delivering ``delivered`` samples, by replaying it."""
+    def replayed_left(self, worker: int, delivered: int, *, limit: bool = False) -> list[ShardPart]:
+        """What a worker left after delivering ``delivered`` samples, by replaying it.
+
+        Args:
+            worker: The global worker, in the saved epoch.
+            delivered: Samples it delivered.
+            limit: ``delivered`` is where a ``limit_samples`` stops it: the parts may
+                hold fewer (then nothing is left).
+        """
         size, base = self.buffer
         if size >= 2 and base is None and self.saved.get("seeded"):
             msg = f"the state was saved with seed={self.saved['seed']}: give the pipe that seed"
             raise ValueError(msg)
         if size >= 2 and base is None:
+            if limit:
+                why = "where a limit_samples epoch stops is found by replaying the shuffle buffers"
+                way = "Resume"
+            else:
+                why = (
+                    "one rank's state gives the other ranks' positions only by replaying "
+                    "their shuffle buffers"
+                )
+                way = (
+                    "Give every rank's state (a list, e.g. gathered with "
+                    "torch.distributed.all_gather_object), or resume"
+                )
             msg = (
-                "one rank's state gives the other ranks' positions only by replaying their "
-                "shuffle buffers, and their seeds are not in it: the job ran without a fixed "
-                "seed= (the DataLoader's seeds were used). Give every rank's state (a list, "
-                "e.g. gathered with torch.distributed.all_gather_object), or resume on the "
-                "same topology with load_state_dict; pass seed= in the next jobs"
+                f"{why}, and their seeds are not in it: the job ran without a fixed seed= "
+                f"(the DataLoader's seeds were used). {way} on the same topology with "
+                "load_state_dict; pass seed= in the next jobs"
             )
             raise ValueError(msg)
         seed = buffer_seed_of(base, self.saved["epoch"], worker) if base is not None else 0
         parts = self.parts(worker)
-        position = replay(parts, self, buffer_size=size, seed=seed, delivered=delivered)
+        position = replay(
+            parts, self, buffer_size=size, seed=seed, delivered=delivered, strict=not limit
+        )
         return left_over(parts, position, self)
+
+    def limited(
+        self, delivered: _Delivered, limiter: SampleLimiter, given: Mapping[int, int]
+    ) -> list[ShardPart]:
+        """What every old worker would still have delivered of its ``limit_samples`` share.
+
+        Its samples from where it stopped (as :meth:`left` finds it) up to where the limit
+        would have ended its epoch (a replay to its quota), as sample ranges.
+        """
+        out = []
+        for w in range(self.total):
+            if self.complete or w in self.states:
+                done, left = given.get(w, 0), self.saved_left(w)
+                if w in self.states:
+                    self._check_given(w, done, left)
+            else:
+                done = delivered.of(self, w)
+                left = self.replayed_left(w, done)
+            quota = limiter.quota(self.total, w)
+            if done >= quota:
+                continue  # its share given (what the replay below would find, at a cost)
+            beyond = set(samples_of(self.replayed_left(w, quota, limit=True), self))
+            out += [sample for sample in samples_of(left, self) if sample not in beyond]
+        return units_of(out, self)
+
+    def _check_given(self, worker: int, given: int, left: list[ShardPart]) -> None:
+        """The limit's count must be the samples the reading delivered."""
+        read = len(samples_of(self.parts(worker), self)) - len(samples_of(left, self))
+        if read != given:
+            msg = (
+                f"worker {worker}'s limit_samples gave {given} items while its reading "
+                f"delivered {read} samples (an error handler skipped some): resume on the "
+                "same number of ranks and workers (load_state_dict)"
+            )
+            raise ValueError(msg)
 
     def left(self, delivered: _Delivered) -> list[ShardPart]:
         """What every old worker left, in global worker order.
@@ -418,7 +547,7 @@ class _Delivered:
         for i, plan in enumerate(self.plans):
             for w in plan.states:
                 again = plan.replayed_left(w, self._counts(w)[i])
-                if _samples(again) != _samples(plan.saved_left(w)):
+                if set(samples_of(again, plan)) != set(samples_of(plan.saved_left(w), plan)):
                     msg = (
                         "this rank's saved positions differ from a replay of its epoch (were "
                         "samples skipped by an error handler?): give every rank's state (a "
@@ -429,10 +558,6 @@ class _Delivered:
 
 def _count(units: list[ShardPart]) -> int:
     return sum(size_of(unit) or 0 for unit in units)
-
-
-def _samples(units: list[ShardPart]) -> set[tuple[str, int]]:
-    return {(u.url, i) for u in units for i in range(u.start, u.stop or u.start)}
 
 
 def _buffer(

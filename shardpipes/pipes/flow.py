@@ -33,7 +33,12 @@ def _count(value: Any, name: str, *, optional: bool = False) -> int | None:
 
 
 class Positioned(SampleStage):
-    """A stage with a position of its own: loaded for the next iteration, dropped unused."""
+    """A stage with a position of its own: loaded for the next iteration, dropped unused.
+
+    Its own count is :meth:`own_state`. ``state_dict`` / ``load_state_dict`` are the
+    whole pipeline's, up to this stage (what ``sp.Resumable(pipe)`` gives): such a stage
+    often ends a chain, where a user asks it for the chain's state.
+    """
 
     _pinned: Mapping[str, Any] | None = None
 
@@ -49,26 +54,43 @@ class Positioned(SampleStage):
         pinned, self._pinned = self._pinned, None
         return pinned or {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the pipeline that ends here (its reading stages', mixes', counts)."""
+        from shardpipes.pipes.resumable import pipeline_state
+
+        return pipeline_state(self)
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a :meth:`state_dict` at the next iteration.
+        """Resume the pipeline that ends here from a :meth:`state_dict`, at its next iteration.
+
+        Raises:
+            ValueError: If the state is not one of this pipeline's shape.
+        """
+        from shardpipes.pipes.resumable import load_pipeline_state
+
+        load_pipeline_state(self, state)
+
+    def load_own(self, state: Mapping[str, Any]) -> None:
+        """Resume this stage's count from an :meth:`own_state` at the next iteration.
 
         Raises:
             ValueError: If the state is not one of this stage's.
         """
-        mine = self.state_dict()
+        mine = self.own_state()
         if not isinstance(state, Mapping) or set(state) != set(mine):
             msg = f"not a {type(self).__name__} state: {str(state)[:100]} (keys: {sorted(mine)})"
             raise ValueError(msg)
         self._pinned = dict(state)
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
+        """This stage's own count (the pipeline's state holds it under ``"held"``)."""
         raise NotImplementedError
 
     def upcoming_state(self) -> dict[str, Any]:
         """The state of the iteration about to begin here: a loaded state, else its start."""
         if self._pinned is not None:
             return dict(self._pinned)
-        return dict.fromkeys(self.state_dict(), 0)
+        return dict.fromkeys(self.own_state(), 0)
 
 
 @functional_form("limit_samples")
@@ -128,7 +150,7 @@ class SampleLimiter(Positioned):
             if close is not None:
                 close()
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         """The items given in the current epoch by this worker."""
         return {"given": self._given if self._pinned is None else self._pinned["given"]}
 
@@ -197,7 +219,7 @@ class EpochCycler(Positioned):
             first = False
             self._pass += 1
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         """The pass this worker is in."""
         return {"pass": self._pass if self._pinned is None else self._pinned["pass"]}
 
@@ -258,7 +280,7 @@ class ItemPrefetcher(Positioned):
         states: dict[int, Any] = self._run.mark[1]
         return states
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         """Items to skip after the upstream stages' states (see :meth:`upstream_states`)."""
         if self._pinned is not None:
             return {"skip": self._pinned["skip"]}

@@ -175,7 +175,10 @@ class Positions:
                 out.setdefault(key, value)
         for stage in self._all():
             if id(stage) not in out:
-                out[id(stage)] = stage.state_dict()
+                if isinstance(stage, Positioned):
+                    out[id(stage)] = stage.own_state()
+                else:
+                    out[id(stage)] = stage.state_dict()
         return out
 
     def pipeline_state(self, *, upcoming: bool = False) -> dict[str, Any]:
@@ -215,7 +218,7 @@ class Positions:
             )
             raise ValueError(msg)
         for holder, sub in zip(self.held, saved_held, strict=True):
-            holder.load_state_dict(sub)
+            holder.load_own(sub)
         for mixer, sub in zip(self.mixes, saved_mixes, strict=True):
             mixer.load_state_dict(sub)
         for stage, sub in zip(self.readings, saved, strict=True):

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from shardpipes._core.elastic import buffer_seed_of, left_over, replay, share, size_of
+from shardpipes._core.elastic import (
+    buffer_seed_of,
+    left_over,
+    replay,
+    samples_of,
+    share,
+    size_of,
+    units_of,
+)
 from shardpipes._core.run import EpochRun
 from shardpipes._core.split import ShardPart
 
@@ -147,6 +155,39 @@ def test_a_replay_past_the_parts_is_refused() -> None:
         match=r"^a worker's parts hold 13 samples; its rank's state says it delivered 14$",
     ):
         replay(PARTS, INDEXED, buffer_size=0, seed=0, delivered=14)
+
+
+def test_a_replay_to_a_limit_past_the_parts_leaves_nothing() -> None:
+    """strict=False (a limit_samples quota the parts cannot fill): the epoch's end."""
+    position = replay(PARTS, INDEXED, buffer_size=3, seed=5, delivered=14, strict=False)
+    assert left_over(PARTS, position, INDEXED) == []
+    short = replay(PARTS, INDEXED, buffer_size=3, seed=5, delivered=4, strict=False)
+    assert len(samples_of(left_over(PARTS, short, INDEXED), INDEXED)) == len(ALL) - 4
+
+
+def test_samples_of_reads_parts_as_the_reader_does() -> None:
+    assert samples_of(PARTS, INDEXED) == ALL
+    assert samples_of([ShardPart("s2", 1, 3)], Known("s2")) == [("s2", 1), ("s2", 4), ("s2", 7)]
+    assert samples_of([ShardPart("s1", start=3, stop=None)], INDEXED) == [("s1", 3), ("s1", 4)]
+
+
+def test_units_of_merges_runs_by_shard() -> None:
+    """Samples in any order: sample ranges by shard (first seen first), with byte spans."""
+    units = units_of([("s1", 4), ("s0", 3), ("s0", 2), ("s1", 0), ("s0", 5)], INDEXED)
+    assert units == [
+        ShardPart("s1", start=4, stop=5, span=(40, 50)),
+        ShardPart("s1", start=0, stop=1, span=(0, 10)),
+        ShardPart("s0", start=2, stop=4, span=(20, 40)),
+        ShardPart("s0", start=5, stop=6, span=(50, 60)),
+    ] or units == [
+        ShardPart("s1", start=0, stop=1, span=(0, 10)),
+        ShardPart("s1", start=4, stop=5, span=(40, 50)),
+        ShardPart("s0", start=2, stop=4, span=(20, 40)),
+        ShardPart("s0", start=5, stop=6, span=(50, 60)),
+    ]
+    assert units_of([("s2", 1), ("s2", 2)], Known("s2")) == [ShardPart("s2", start=1, stop=3)]
+    subset = ALL[::2]
+    assert sorted(samples_of(units_of(subset, INDEXED), INDEXED)) == sorted(subset)
 
 
 def test_share_keeps_whole_units_and_cuts_the_others_evenly() -> None:

@@ -38,14 +38,19 @@ def keys_of(batches: Any) -> list[str]:
 
 
 def rank_run(pipe: Any, total: int, worker: int, count: int | None) -> tuple[list[str], Any]:
-    """Global worker ``worker`` of ``total`` reads ``count`` samples (all: None); (keys, state)."""
+    """Global worker ``worker`` of ``total`` reads ``count`` samples (all: None); (keys, state).
+
+    The state is the pipeline's (``Resumable``'s) for a chain, the recipe's own for a recipe.
+    """
     graph_settings.apply_sharding(pipe, total, worker)
     samples, keys = iter(pipe), []
     for (key,) in samples:
         keys.append(key)
         if len(keys) == count:
             break
-    state = pipe.state_dict()
+    state = (
+        pipe.state_dict() if isinstance(pipe, sp.ShardStream) else sp.Resumable(pipe).state_dict()
+    )
     samples.close()
     return keys, state
 
@@ -362,3 +367,124 @@ def test_one_tar_split_by_sample_resumes_elsewhere(
         )
         after = [int(x) for _, labels in again for x in labels]
         assert Counter(before + after) == Counter(data.labels.values())
+
+
+def limited(data: Dataset, n: int, **options: Any) -> Any:
+    return recipe(data, **options).limit_samples(n)
+
+
+def stopped(make: Callable[[], Any], counts: list[int | None]) -> tuple[list[str], list[Any]]:
+    """Global workers ``0..len(counts)-1`` each read their count: (every key, their states)."""
+    before, states = [], []
+    for worker, count in enumerate(counts):
+        keys, state = rank_run(make(), len(counts), worker, count)
+        before += keys
+        states.append(state)
+    return before, states
+
+
+def limited_epoch(data: Dataset, n: int, total: int, **options: Any) -> list[str]:
+    """What ``total`` workers deliver of an uninterrupted limited epoch."""
+    return flat([rank_run(limited(data, n, **options), total, w, None)[0] for w in range(total)])
+
+
+def check_limited(whole: list[str], before: list[str], after: list[str], dropped: int) -> None:
+    """Nothing twice, nothing outside the limited epoch, fewer than ``dropped`` left out."""
+    seen = Counter(before + after)
+    assert [k for k, n in seen.items() if n > 1] == []
+    assert set(seen) <= set(whole)
+    assert len(whole) - len(seen) < max(dropped, 1)
+
+
+@pytest.mark.parametrize("stop", [2, 9, 13])
+def test_a_limited_epoch_resumes_under_another_loader(data: Dataset, stop: int) -> None:
+    """limit_samples(100) of 140 on 2 workers (50 each), stopped, resumed on 0 and 3 workers.
+
+    The rest is what the old workers would still have delivered of their 50: never a
+    sample past the limit; then the epochs after give 100 // 3 per worker.
+    """
+    whole = limited_epoch(data, 100, 2)
+    assert len(whole) == 100
+    loader = StatefulDataLoader(limited(data, 100), batch_size=4, num_workers=2)
+    batches = iter(loader)
+    before = keys_of(next(batches) for _ in range(stop))  # 13 batches: worker 1 is done
+    state = loader.state_dict()
+    del batches
+    for workers in (0, 3):
+        pipe = sp.resume_from(limited(data, 100), state)
+        after = keys_of(StatefulDataLoader(pipe, batch_size=4, num_workers=workers))
+        check_limited(whole, before, after, dropped=workers)
+        later = keys_of(StatefulDataLoader(pipe, batch_size=4, num_workers=workers))
+        assert len(set(later)) == len(later) == 100 // max(workers, 1) * max(workers, 1)
+
+
+def test_a_limited_epoch_from_one_ranks_state(data: Dataset) -> None:
+    """2 ranks stop after 9 samples of 50 each; rank 1's state alone resumes it on 3."""
+    whole = limited_epoch(data, 100, 2)
+    before, states = stopped(lambda: limited(data, 100), [9, 9])
+    after = [
+        rank_run(sp.resume_from(limited(data, 100), states[1]), 3, w, None)[0] for w in range(3)
+    ]
+    check_limited(whole, before, flat(after), dropped=3)
+    assert len({len(keys) for keys in after}) == 1
+
+
+def test_a_limited_epoch_without_even(data: Dataset) -> None:
+    """A limit of 101 over 3 ranks (at most 34, 34, 33), every rank's state: the rest, all of it.
+
+    Without even, whole shards are split: a rank's shards may hold less than its share.
+    """
+    whole = limited_epoch(data, 101, 3, even=False)
+    assert 90 < len(whole) <= 101
+    # rank 1 had given its whole share
+    before, states = stopped(lambda: limited(data, 101, even=False), [11, None, 5])
+    after = flat(
+        [
+            rank_run(sp.resume_from(limited(data, 101, even=False), states), 2, w, None)[0]
+            for w in range(2)
+        ]
+    )
+    assert Counter(before + after) == Counter(whole)
+
+
+def test_a_resumed_limited_epoch_resumes_again(data: Dataset) -> None:
+    """Stopped again while resumed: on the same workers, or on 4 others."""
+    whole = limited_epoch(data, 100, 2)
+    before, states = stopped(lambda: limited(data, 100), [20, 20])
+    middle, mid_states = [], []
+    for worker in range(3):
+        keys, state = rank_run(sp.resume_from(limited(data, 100), states[0]), 3, worker, 7)
+        middle += keys
+        mid_states.append(state)
+    plain = []
+    for worker in range(3):
+        pipe = limited(data, 100)
+        pipe.load_state_dict(mid_states[worker])
+        plain += rank_run(pipe, 3, worker, None)[0]
+    check_limited(whole, before + middle, plain, dropped=3)
+    after = [
+        rank_run(sp.resume_from(limited(data, 100), mid_states[1]), 4, w, None)[0] for w in range(4)
+    ]
+    check_limited(whole, before + middle, flat(after), dropped=3 + 4)
+
+
+def test_limits_resume_from_cannot_take(data: Dataset, tmp_path: Path) -> None:
+    """Refused, saying why: a limit of batches or after a filter, a mix, no fixed seed."""
+    _, state = rank_run(limited(data, 100), 2, 0, 5)
+    batched = recipe(data).batch(4).limit_samples(10)
+    with pytest.raises(ValueError, match=r"only when it counts samples, and this one has Batcher"):
+        sp.resume_from(batched, state)
+    filtered = recipe(data).filter(bool).limit_samples(100)
+    with pytest.raises(ValueError, match=r"this one has Filter\w* before it"):
+        sp.resume_from(filtered, state)
+    chain = sp.list_shards(data.urls).split_shards(seed=3).open_tar()
+    with pytest.raises(ValueError, match="cannot yet resume a limit_samples with a mix"):
+        sp.resume_from(sp.mix({"a": chain}).limit_samples(10), state)
+    with pytest.raises(ValueError, match="cannot yet resume a pipeline with EpochCycler"):
+        sp.resume_from(limited(data, 100).cycle_epochs(2), state)
+    tampered = {**state, "held": [{"given": 6}]}  # as if an error handler had skipped one
+    with pytest.raises(ValueError, match=r"limit_samples gave 6 items while its reading deliv"):
+        sp.resume_from(limited(data, 100), tampered)
+    _, unseeded = rank_run(limited(data, 100, seed=None), 2, 0, 5)
+    with pytest.raises(ValueError, match=r"^where a limit_samples epoch stops is found by"):
+        sp.resume_from(limited(data, 100, seed=None), [unseeded, unseeded])

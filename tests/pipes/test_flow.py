@@ -63,6 +63,28 @@ def interrupted(make: Callable[[], Any], workers: int, stop: int) -> tuple[list[
 # --- limit_samples ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "end",
+    [lambda p: p.limit_samples(37), lambda p: p.cycle_epochs(2), lambda p: p.prefetch_items(3)],
+)
+def test_the_stage_ending_a_chain_gives_the_chains_state(data: Dataset, end: Any) -> None:
+    """pipe.state_dict() / load_state_dict() on a chain ending in one: the whole pipeline's.
+
+    Its own count alone would resume the reading from the epoch's start (repeated samples).
+    """
+    whole = keys(end(chain(data)))
+    first = end(chain(data))
+    items = iter(first)
+    before = keys(next(items) for _ in range(15))
+    state = first.state_dict()
+    items.close()
+    assert state == sp.Resumable(first).state_dict()
+    assert "stages" in state and "held" in state
+    second = end(chain(data))
+    second.load_state_dict(state)
+    assert before + keys(second) == whole
+
+
 def test_limit_is_the_first_n_items_of_the_epoch(data: Dataset) -> None:
     whole = keys(chain(data))
     assert keys(chain(data).limit_samples(37)) == whole[:37]
