@@ -20,7 +20,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-__all__ = ["SampleStage", "functional_form", "graph_pipes", "upstream"]
+__all__ = ["ChainState", "SampleStage", "functional_form", "graph_pipes", "upstream"]
 
 # torch's traverse_dps sets a class-wide pickling hook while it runs: two threads of one
 # process traversing at once (a prefetch_items thread taking a snapshot, the worker taking
@@ -57,6 +57,35 @@ def functional_form(name: str) -> Callable[[C], C]:
         return stage
 
     return register
+
+
+class ChainState:
+    """``state_dict`` / ``load_state_dict`` of the whole pipeline that ends at this stage.
+
+    For stages with a count of their own (``mix``, ``limit_samples``, ``cycle_epochs``,
+    ``prefetch_items``), which often end a chain, where a user asks for its state: their
+    count alone would resume the reading from the epoch's start. The count is
+    ``own_state`` / ``load_own``, held in the pipeline's state.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the pipeline that ends here (reading positions, buffers, counts).
+
+        What ``sp.Resumable(pipe).state_dict()`` gives.
+        """
+        from shardpipes.pipes.resumable import pipeline_state
+
+        return pipeline_state(self)  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resume the pipeline that ends here from a :meth:`state_dict`, at its next iteration.
+
+        Raises:
+            ValueError: If the state is not one of this pipeline's shape.
+        """
+        from shardpipes.pipes.resumable import load_pipeline_state
+
+        load_pipeline_state(self, state)  # type: ignore[arg-type]
 
 
 class SampleStage(IterDataPipe[Any]):

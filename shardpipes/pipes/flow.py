@@ -16,7 +16,7 @@ from torch.utils.data import IterDataPipe
 from shardpipes._core.prefetch import Prefetch
 from shardpipes._core.split import share
 from shardpipes.pipes._length import local_length, no_length
-from shardpipes.pipes._stage import SampleStage, functional_form, upstream
+from shardpipes.pipes._stage import ChainState, SampleStage, functional_form, upstream
 from shardpipes.pipes.shards import PASS_STRIDE, placement_of, splitters
 
 __all__ = ["EpochCycler", "ItemPrefetcher", "SampleLimiter"]
@@ -32,12 +32,11 @@ def _count(value: Any, name: str, *, optional: bool = False) -> int | None:
     return value
 
 
-class Positioned(SampleStage):
+class Positioned(ChainState, SampleStage):
     """A stage with a position of its own: loaded for the next iteration, dropped unused.
 
-    Its own count is :meth:`own_state`. ``state_dict`` / ``load_state_dict`` are the
-    whole pipeline's, up to this stage (what ``sp.Resumable(pipe)`` gives): such a stage
-    often ends a chain, where a user asks it for the chain's state.
+    Its own count is :meth:`own_state`; ``state_dict`` / ``load_state_dict`` are the
+    whole pipeline's (:class:`~shardpipes.pipes._stage.ChainState`).
     """
 
     _pinned: Mapping[str, Any] | None = None
@@ -53,22 +52,6 @@ class Positioned(SampleStage):
     def _take_pinned(self) -> Mapping[str, Any]:
         pinned, self._pinned = self._pinned, None
         return pinned or {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state of the pipeline that ends here (its reading stages', mixes', counts)."""
-        from shardpipes.pipes.resumable import pipeline_state
-
-        return pipeline_state(self)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume the pipeline that ends here from a :meth:`state_dict`, at its next iteration.
-
-        Raises:
-            ValueError: If the state is not one of this pipeline's shape.
-        """
-        from shardpipes.pipes.resumable import load_pipeline_state
-
-        load_pipeline_state(self, state)
 
     def load_own(self, state: Mapping[str, Any]) -> None:
         """Resume this stage's count from an :meth:`own_state` at the next iteration.

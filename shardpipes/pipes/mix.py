@@ -17,12 +17,13 @@ from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
 from shardpipes.pipes._length import local_length, no_length
+from shardpipes.pipes._stage import ChainState
 from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, placement_of, splitters
 
 __all__ = ["Mixer", "mix"]
 
 
-class Mixer(IterDataPipe[dict[str, Any]]):
+class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
     """Samples (dicts) from named pipes, each drawn in proportion to its weight.
 
     An epoch draws until every source has run out: while all have samples, the shares
@@ -33,7 +34,8 @@ class Mixer(IterDataPipe[dict[str, Any]]):
 
     Deterministic with ``seed``: the draws are a function of ``(seed, epoch, global
     worker)``; the sources' own seeds decide their orders. Resumable with the plain
-    ``StatefulDataLoader`` (the draws' position is part of the pipeline's state).
+    ``StatefulDataLoader`` (the draws' position is part of the pipeline's state);
+    ``state_dict()`` is the whole pipeline's (the draws alone: ``own_state()``).
 
     Args:
         sources: Name → a pipe of sample dicts: ``open_tar``, ``shuffle_samples``,
@@ -233,7 +235,7 @@ class Mixer(IterDataPipe[dict[str, Any]]):
                 self._epochs.resumed(int(self._pinned["epoch"]))
             self._pinned = None
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         """The draws' position in the current epoch (before any: the start of the next).
 
         Like the reading stages' states, so that a state taken in a process that never
@@ -261,8 +263,8 @@ class Mixer(IterDataPipe[dict[str, Any]]):
             "epoch_size": self.epoch_size,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """Resume the draws at the next iteration.
+    def load_own(self, state: Mapping[str, Any] | None) -> None:
+        """Resume the draws at the next iteration, from an :meth:`own_state`.
 
         Raises:
             ValueError: The state is of another set of sources, seed, weights or

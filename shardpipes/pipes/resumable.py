@@ -175,10 +175,10 @@ class Positions:
                 out.setdefault(key, value)
         for stage in self._all():
             if id(stage) not in out:
-                if isinstance(stage, Positioned):
-                    out[id(stage)] = stage.own_state()
-                else:
+                if isinstance(stage, ShardReading):
                     out[id(stage)] = stage.state_dict()
+                else:  # a count of its own; its state_dict() is the whole pipeline's
+                    out[id(stage)] = stage.own_state()
         return out
 
     def pipeline_state(self, *, upcoming: bool = False) -> dict[str, Any]:
@@ -220,7 +220,7 @@ class Positions:
         for holder, sub in zip(self.held, saved_held, strict=True):
             holder.load_own(sub)
         for mixer, sub in zip(self.mixes, saved_mixes, strict=True):
-            mixer.load_state_dict(sub)
+            mixer.load_own(sub)
         for stage, sub in zip(self.readings, saved, strict=True):
             stage.load_state_dict(sub)
 

@@ -130,6 +130,21 @@ def test_bad_weights_are_refused_at_construction(two: tuple[Dataset, Dataset]) -
         sp.mix({"a": [1, 2]})  # type: ignore[dict-item]
 
 
+def test_a_mix_ending_a_chain_gives_the_chains_state(two: tuple[Dataset, Dataset]) -> None:
+    """mix.state_dict() is the pipeline's: its draws alone would read the sources anew."""
+    whole = keyed(mixed(two, seed=3))
+    first = mixed(two, seed=3)
+    samples = iter(first)
+    before = keyed(next(samples) for _ in range(23))
+    state = first.state_dict()
+    samples.close()
+    assert state == sp.Resumable(first).state_dict()
+    assert len(state["stages"]) == 2 and state["mixes"][0]["yielded"] == 23
+    second = mixed(two, seed=3)
+    second.load_state_dict(state)
+    assert before + keyed(second) == whole
+
+
 def test_a_state_of_other_sources_is_refused(two: tuple[Dataset, Dataset]) -> None:
     pipe = mixed(two)
     it = iter(pipe)
