@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from torch.utils.data import IterDataPipe
+from torch.utils.data import DataLoader, Dataset, IterableDataset, IterDataPipe
 from torchdata.nodes import BaseNode  # type: ignore[import-untyped]
 
 from shardpipes.pipes.resumable import Positions, Resumable
@@ -37,6 +37,14 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
         self.pipe = pipe.pipe if isinstance(pipe, Resumable) else pipe
         self._it: Iterator[T] | None = None
         self._positions = Positions(self.pipe)  # fails now if a stage cannot be resumed
+        if not self._positions.readings:
+            msg = (
+                f"to_node: this pipeline ({type(self.pipe).__name__}) reads no shard, so its "
+                "state could not say which of its items were used: put the reading inside "
+                "the pipe (open_tar, or a recipe such as sp.recipes.tar_shards) and map "
+                "after it (torchdata.nodes.ParallelMapper)"
+            )
+            raise ValueError(msg)
         self._upcoming = False  # reset, and nothing read since
 
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
@@ -48,6 +56,8 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
                 msg = f"not a state of to_node(...): {str(initial_state)[:200]}"
                 raise ValueError(msg)
             self._positions.load(initial_state[self.STATE_KEY])
+        elif self._positions.pending():  # loaded, never read from: its epoch is done
+            self._positions.drop_loaded()
         self._it = iter(self.pipe)
         self._upcoming = True
 
@@ -83,7 +93,25 @@ def to_node(pipe: IterDataPipe[T]) -> PipeNode[T]:
         >>> node = sp.to_node(sp.recipes.tar_shards("data/train-*.tar", seed=0))
         >>> loader = Loader(node)  # state_dict() / load_state_dict() resume exactly
     """
-    if not isinstance(pipe, IterDataPipe):
-        msg = f"to_node takes a shardpipes pipeline (got {type(pipe).__name__})"
-        raise TypeError(msg)
+    if not isinstance(pipe, IterDataPipe | Resumable):
+        raise TypeError(_not_a_pipeline(pipe))
     return PipeNode(pipe)
+
+
+def _not_a_pipeline(given: Any) -> str:
+    """What ``to_node`` says of something other than a pipeline, and what to do."""
+    name = type(given).__name__
+    if isinstance(given, DataLoader):
+        way = "give it the pipe itself (loader.dataset); the Loader of torchdata.nodes loads"
+    elif isinstance(given, Dataset) and not isinstance(given, IterableDataset):
+        way = (
+            "this is a map-style dataset: use torchdata.nodes.MapStyleWrapper(dataset, "
+            "sampler), which resumes by its sampler's position"
+        )
+    else:
+        way = (
+            "give it a chain (sp.list_shards(...).split_shards().open_tar()...) or a "
+            "streaming recipe (sp.recipes.tar_shards); for any other iterable, "
+            "torchdata.nodes.IterableWrapper"
+        )
+    return f"to_node takes a shardpipes pipeline (got {name}): {way}"

@@ -230,6 +230,15 @@ class ShardReading:
         """Whether a loaded state waits for an epoch to begin."""
         return self._loaded is not None
 
+    def await_epoch(self) -> None:
+        """An epoch was begun for this reading (by a ``mix``) that reads only when drawn.
+
+        Until it reads, its state is that epoch's start (or the state loaded for it), not
+        where the last epoch ended: a checkpoint then would resume it at that end.
+        """
+        if self._loaded is None:
+            self.run, self._at_start = None, self.upcoming_state()
+
     def drop_loaded(self) -> None:
         """Drop a loaded state that no epoch began from; its epoch counts as done."""
         if self._loaded is not None:

@@ -16,8 +16,9 @@ from torch.utils.data import IterDataPipe
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
+from shardpipes.pipes._epoch import readings
 from shardpipes.pipes._length import local_length, no_length
-from shardpipes.pipes._stage import ChainState
+from shardpipes.pipes._stage import ChainState, graph_pipes
 from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, placement_of, splitters
 
 __all__ = ["Mixer", "mix"]
@@ -141,6 +142,8 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
         for pipe in self.sources.values():
             for splitter in splitters(pipe):
                 splitter.begin_now()  # every source's epoch is counted now, drawn or not
+            for reading in readings(pipe):
+                reading.await_epoch()  # and its state is that epoch's until it is drawn
         streams = {name: iter(pipe) for name, pipe in self.sources.items()}
         try:
             pairs = mixed(draws, lambda name: self._next(streams, name))
@@ -158,6 +161,7 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
                 sample["__source__"] = name
                 self._yielded += 1
                 yield sample
+            self._drop_unread()
             if self.resample or (quota is not None and self._yielded < quota):
                 msg = (
                     f"the sources ran out of samples ({', '.join(self.sources)}: a whole pass "
@@ -170,6 +174,20 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
+
+    def _drop_unread(self) -> None:
+        """Drop the states loaded into sources this epoch never read from (spent before).
+
+        Their epochs count as done, so the next epoch reads them anew.
+        """
+        from shardpipes.pipes.flow import Positioned
+
+        for pipe in self.sources.values():
+            for reading in readings(pipe):
+                reading.drop_loaded()
+            for stage in graph_pipes(pipe):
+                if isinstance(stage, Positioned):
+                    stage.drop_loaded()
 
     def _placement(self) -> tuple[int, int]:
         """``(total workers, this one's global index)``, as the sources' splits see it."""

@@ -335,3 +335,59 @@ def test_epoch_size_with_even_sources_gives_every_worker_as_many(
     assert len(got) == 100
     odd = sp.mix({"a": source(a), "b": source(b)}, epoch_size=101, seed=2)
     assert len(keyed(loader(odd))) == 101
+
+
+def _sources(samples: Any) -> Counter[str]:
+    return Counter(name for name, _ in keyed(samples))
+
+
+@pytest.mark.parametrize("kind", ["plain", "epoch_size"])
+@pytest.mark.parametrize("into", [1, 3])
+def test_a_checkpoint_before_a_sources_first_draw_of_an_epoch(
+    two: tuple[Dataset, Dataset], kind: str, into: int
+) -> None:
+    """Epoch 1, a few samples in, one source not drawn yet: resumed, it is read in full.
+
+    Its reading still held epoch 0's end; the state must be the epoch it was begun for.
+    """
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    options: dict[str, Any] = {"weights": {"a": 1, "b": 19}, "seed": 9}
+    if kind == "epoch_size":
+        options["epoch_size"] = 700
+
+    def make() -> Any:
+        return StatefulDataLoader(mixed(two, **options), batch_size=None, num_workers=0)
+
+    reference = make()
+    list(reference)
+    whole = keyed(reference)  # epoch 1
+    first = make()
+    list(first)
+    it = iter(first)
+    before = keyed(next(it) for _ in range(into))
+    assert "a" not in {name for name, _ in before}  # a is not drawn yet
+    state = first.state_dict()
+    second = make()
+    second.load_state_dict(state)
+    assert before + keyed(second) == whole
+
+
+def test_a_source_spent_before_the_checkpoint_reads_the_next_epoch_whole(
+    two: tuple[Dataset, Dataset],
+) -> None:
+    """Resumed one sample before the epoch's end, iterated plainly: the next epoch is whole.
+
+    The spent source is not read again in the resumed epoch; its loaded state is dropped
+    when the mix's epoch ends, not carried into the next one.
+    """
+    first = mixed(two, seed=5)
+    samples = iter(first)
+    for _ in range(799):
+        next(samples)
+    state = first.state_dict()
+    samples.close()
+    second = mixed(two, seed=5)
+    second.load_state_dict(state)
+    assert len(keyed(second)) == 1
+    assert _sources(second) == {"a": 600, "b": 200}
