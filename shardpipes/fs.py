@@ -102,8 +102,17 @@ def load_backend(url: str) -> None:
 
     Raises:
         ImportError: It is not installed; the message names the install command.
-        ValueError: The protocol is unknown to fsspec.
+        ValueError: The protocol is unknown to fsspec, or the URL is webdataset's
+            ``pipe:`` command.
     """
+    if url.startswith("pipe:"):
+        msg = (
+            f"{url}: webdataset's pipe: URLs (a shell command's output) are not read here: "
+            "shardpipes reads shards by byte range and resumes inside them, which a pipe "
+            "cannot give. Give the storage URL the command reads (a path, s3://, gs://, "
+            "az://, https://; credentials in storage_options=)"
+        )
+        raise ValueError(msg)
     protocol = _protocol(url)
     if protocol in _HTTP and "::" not in url:
         return  # read with the standard library (fsspec's backend only for a glob: its error)

@@ -8,6 +8,7 @@ import logging
 import pytest
 from botocore.exceptions import NoCredentialsError
 
+import shardpipes as sp
 from shardpipes import fs
 from shardpipes._cache import cache_bytes
 from shardpipes._retry import RetryPolicy, denied, gave_up, missing, transient
@@ -168,6 +169,13 @@ def test_retry_policy_gives_up_after_retries() -> None:
 def test_missing_backend_names_what_to_install() -> None:
     with pytest.raises(ImportError, match="dropbox:// URLs needs an extra package"):
         fs.url_to_fs("dropbox://folder/x.tar")
+
+
+def test_webdatasets_pipe_urls_say_what_to_give() -> None:
+    """pipe:curl ... was 'no such file'; now refused when listed, naming the way out."""
+    for make in (sp.list_shards, sp.recipes.tar_shards):
+        with pytest.raises(ValueError, match=r"^pipe:cat a\.tar: webdataset's pipe: URLs .* s3://"):
+            make("pipe:cat a.tar")
 
 
 def test_unknown_protocol() -> None:

@@ -164,3 +164,17 @@ def test_their_names_are_answered_with_ours() -> None:
         pipe.no_such_stage  # noqa: B018 - the attribute access is the test
     assert "shardpipes" not in str(info.value)  # torch's own error, untouched
     assert not hasattr(pipe, "header")
+
+
+def test_webdatasets_shuffle_1000_says_what_to_write() -> None:
+    """pipe.shuffle(1000) is torch's keyword-only shuffle: the error names shuffle_samples."""
+    import pytest
+    from torch.utils.data.datapipes.iter import Shuffler
+
+    import shardpipes as sp
+
+    pipe = sp.list_shards(["a.tar"]).split_shards().open_tar()
+    with pytest.raises(TypeError, match=r"use \.shuffle_samples\(1000\) right after \.open_tar"):
+        pipe.shuffle(1000)
+    assert isinstance(pipe.shuffle(buffer_size=10), Shuffler)  # torch's, by keyword
+    assert pipe.shuffle_samples(1000).buffer.size == 1000  # ours takes it by position

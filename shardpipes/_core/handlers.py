@@ -7,7 +7,10 @@ A handler is one of
 * ``"ignore"``: skip the bad item silently;
 * a callable ``(exc, context) -> bool``: return ``True`` to skip and go on, ``False`` to
   re-raise. ``context`` is a dict with the ``stage`` and whatever is known of ``url``,
-  ``member`` and ``key``;
+  ``member`` and ``key``. A callable of one argument, ``(exc) -> bool``, is taken as
+  WebDataset's handlers are (``warn_and_continue``, ``ignore_and_continue``,
+  ``reraise_exception``): ``True`` skips; ``False`` (its ``*_and_stop``) re-raises here,
+  rather than ending the epoch early without a word;
 * an :class:`~shardpipes.ErrorPolicy`: one of the above with an error budget and
   counters, shared by the stages it is given to.
 
@@ -16,6 +19,7 @@ Unlike WebDataset's ``warn_and_continue``, nothing here sleeps.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -66,7 +70,39 @@ def check_handler(handler: Handler) -> Handler:
     elif not callable(handler):
         msg = f"handler must be one of {_NAMES} or a callable (got {type(handler).__name__})"
         raise TypeError(msg)
+    elif _takes_one(handler):
+        return OneArgument(handler)
     return handler
+
+
+def _takes_one(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes one positional argument and not two (WebDataset's handlers)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read: taken as (exc, context)
+        return False
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        try:
+            signature.bind(None)
+        except TypeError:
+            return False
+        return True
+    return False
+
+
+class OneArgument:
+    """A handler of one argument, ``(exc) -> bool``, called as one of two (picklable)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, exc: BaseException, context: dict[str, Any]) -> bool:
+        return bool(self.fn(exc))
+
+    def __repr__(self) -> str:
+        return f"OneArgument({self.fn!r})"
 
 
 def handle(handler: Handler, exc: BaseException, **context: Any) -> None:

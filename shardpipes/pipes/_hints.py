@@ -8,6 +8,7 @@ name to that error, and changes nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import IterDataPipe
@@ -38,7 +39,8 @@ def install() -> None:
 
     def __getattr__(self: IterDataPipe[Any], name: str) -> Any:  # noqa: N807 - the hook
         try:
-            return original(self, name)
+            found = original(self, name)
+            return _keyword_shuffle(found) if name == "shuffle" else found
         except AttributeError:
             hint = HINTS.get(name)
             if hint is None:
@@ -51,3 +53,24 @@ def install() -> None:
 
     __getattr__._shardpipes = True  # type: ignore[attr-defined]
     IterDataPipe.__getattr__ = __getattr__  # type: ignore[method-assign]
+
+
+def _keyword_shuffle(shuffle: Callable[..., Any]) -> Callable[..., Any]:
+    """Torch's ``pipe.shuffle``, saying what to write when given webdataset's ``(1000)``.
+
+    torch's takes ``buffer_size`` by keyword only: ``.shuffle(1000)`` is a ``TypeError``
+    from inside its ``__init__`` that names neither.
+    """
+
+    def shuffle_(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            msg = (
+                f"torch's .shuffle takes buffer_size= by keyword (got .shuffle({args[0]!r})), "
+                "and a pipeline with it cannot be resumed: with shardpipes, use "
+                f".shuffle_samples({args[0]!r}) right after .open_tar() (a checkpoint holds "
+                "its buffer)"
+            )
+            raise TypeError(msg)
+        return shuffle(**kwargs)
+
+    return shuffle_

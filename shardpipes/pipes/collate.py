@@ -91,9 +91,10 @@ def collate_samples(batch: Sequence[Any]) -> Any:
     Field by field: ``PIL.Image`` values become uint8 CHW tensors (modes other than
     ``L``, ``RGB`` and ``RGBA`` are converted to RGB first) and numeric numpy arrays
     become tensors, then tensors are stacked; ``int`` values become a 1-D int64 tensor;
-    ``str`` and ``bytes`` values are kept as a list; anything else goes to
-    ``torch.utils.data.default_collate``. Use it as ``pipe.batch(n).collate(collate_samples)``
-    or as a ``DataLoader``'s ``collate_fn``.
+    ``str`` and ``bytes`` values, and dicts and lists (decoded ``json``, ``.ten``), are
+    kept as a list of the samples' values, as WebDataset's ``batched`` keeps them;
+    anything else goes to ``torch.utils.data.default_collate``. Use it as
+    ``pipe.batch(n).collate(collate_samples)`` or as a ``DataLoader``'s ``collate_fn``.
 
     Args:
         batch: Samples, all dicts with the same fields or all tuples of the same length.
@@ -105,7 +106,8 @@ def collate_samples(batch: Sequence[Any]) -> Any:
 
     Raises:
         ValueError: For an empty batch, samples with different fields, or tensors of
-            different shapes in one field (resize them in a ``map()`` before ``batch()``).
+            different shapes in one field (resize them in a ``map()`` before ``batch()``),
+            or values ``default_collate`` cannot batch (the error names the field).
 
     Example:
         >>> import PIL.Image
@@ -144,7 +146,7 @@ def _check_same(expected: object, got: object, what: str) -> None:
 
 def _collate_field(field: str | int, values: list[Any]) -> Any:
     first = values[0]
-    if isinstance(first, (str, bytes)):
+    if isinstance(first, (str, bytes, dict, list)):
         return values
     if isinstance(first, int) and not isinstance(first, bool):
         return torch.tensor(values, dtype=torch.int64)
@@ -158,7 +160,14 @@ def _collate_field(field: str | int, values: list[Any]) -> Any:
         for value in values:
             if value.shape != shape:
                 raise ValueError(_unequal(field, tuple(shape), tuple(value.shape), image))
-    return default_collate(values)
+    try:
+        return default_collate(values)
+    except (RuntimeError, TypeError) as exc:
+        msg = (
+            f"field {field!r}: cannot batch its values ({type(first).__name__}): {exc}; make "
+            "them one shape in a map() before batching, or collate with a function of yours"
+        )
+        raise ValueError(msg) from exc
 
 
 def _unequal(field: str | int, one: tuple[int, ...], other: tuple[int, ...], image: bool) -> str:

@@ -24,6 +24,7 @@ from shardpipes._core.steps import guarded
 from shardpipes.errors import UnsafeDataError
 from shardpipes.pipes._length import source_length
 from shardpipes.pipes._stage import SampleStage, functional_form, upstream
+from shardpipes.pipes.fields import takes_samples
 
 __all__ = ["SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
 
@@ -92,6 +93,7 @@ class SampleDecoder(SampleStage):
         overrides: Mapping[str, Decoder | None] | None = None,
         **decoders: Decoder | None,
     ) -> None:
+        takes_samples(source_datapipe, "decode")
         super().__init__()
         self.source_datapipe = source_datapipe
         self.image = check_image_mode(image)

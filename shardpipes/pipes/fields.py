@@ -17,6 +17,38 @@ from shardpipes.pipes._stage import SampleStage, functional_form, upstream
 __all__ = ["FieldMapper", "FieldRenamer", "TupleMaker"]
 
 
+def takes_samples(source: IterDataPipe[Any], stage: str, way: str = "") -> None:
+    """Refuse, when the pipe is built, a stage of sample dicts given other items.
+
+    Shard URLs (``list_shards``/``split_shards`` without ``open_tar``), tuples
+    (``to_tuple``, a recipe with ``fields=``) and batches would fail deep inside on the
+    first item.
+
+    Args:
+        source: The stage's source.
+        stage: What to call the stage in the message.
+        way: A last word on what to do instead.
+
+    Raises:
+        TypeError: ``source`` yields shard URLs, tuples or batches.
+    """
+    from torch.utils.data.datapipes.iter import Batcher
+
+    from shardpipes.pipes.shards import ShardLister, ShardSplitter
+    from shardpipes.pipes.stream import ShardStream
+
+    if isinstance(source, ShardLister | ShardSplitter):
+        found, fix = "shard URLs", "put .open_tar() before it"
+    elif isinstance(source, TupleMaker | Batcher) or (
+        isinstance(source, ShardStream) and (source.fields or source.batch_size is not None)
+    ):
+        found, fix = "tuples or batches", "put it before to_tuple, batch and collate"
+    else:
+        return
+    msg = f"{stage} takes sample dicts; {type(source).__name__} yields {found}: {fix}{way}"
+    raise TypeError(msg)
+
+
 @functional_form("to_tuple")
 class TupleMaker(SampleStage):
     """Turns each sample dict into a tuple of some of its fields (functional name: ``to_tuple``).
@@ -53,6 +85,7 @@ class TupleMaker(SampleStage):
         if not fields:
             msg = "fields must name at least one field (got none)"
             raise ValueError(msg)
+        takes_samples(source_datapipe, "to_tuple")
         super().__init__()
         self.source_datapipe = source_datapipe
         self._alternatives = parse_fields(fields)
@@ -106,6 +139,7 @@ class FieldRenamer(SampleStage):
         if not names:
             msg = "rename_fields needs at least one new=old name, e.g. image='jpg;png'"
             raise ValueError(msg)
+        takes_samples(source_datapipe, "rename_fields")
         super().__init__()
         self.source_datapipe = source_datapipe
         self.names = {new: parse_fields((old,))[0] for new, old in names.items()}
@@ -154,6 +188,7 @@ class FieldMapper(SampleStage):
         if not functions or bad:
             msg = f"map_fields takes field=function pairs (not callable: {bad})"
             raise TypeError(msg)
+        takes_samples(source_datapipe, "map_fields")
         super().__init__()
         self.source_datapipe = source_datapipe
         self.functions = dict(functions)

@@ -19,6 +19,7 @@ from shardpipes._core.split import share
 from shardpipes.pipes._epoch import readings
 from shardpipes.pipes._length import local_length, no_length
 from shardpipes.pipes._stage import ChainState, graph_pipes
+from shardpipes.pipes.fields import takes_samples
 from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, placement_of, splitters
 
 __all__ = ["Mixer", "mix"]
@@ -90,7 +91,11 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
             if not isinstance(pipe, IterDataPipe):
                 msg = f"source {name!r} is not an IterDataPipe (got {type(pipe).__name__})"
                 raise TypeError(msg)
-            _check_dicts(name, pipe)
+            takes_samples(
+                pipe, f"mix (source {name!r})",
+                "; for recipes, give tar_shards a dict of sources (tar_shards({'a': urls_a, "
+                "'b': urls_b}, weights=...))",
+            )  # fmt: skip
         if isinstance(seed, bool) or not isinstance(seed, int):
             msg = f"seed must be an int (got {seed!r})"
             raise TypeError(msg)
@@ -327,23 +332,3 @@ def mix(
         >>> pipe = sp.mix({"laion": laion, "coyo": coyo}, weights={"laion": 3, "coyo": 1})
     """
     return Mixer(sources, weights, seed=seed, epoch_size=epoch_size, resample=resample)
-
-
-def _check_dicts(name: str, pipe: IterDataPipe[Any]) -> None:
-    """Refuse a source that yields tuples or batches (a recipe, ``to_tuple``, ``batch``)."""
-    from torch.utils.data.datapipes.iter import Batcher
-
-    from shardpipes.pipes.fields import TupleMaker
-    from shardpipes.pipes.stream import ShardStream
-
-    tuples = isinstance(pipe, TupleMaker | Batcher) or (
-        isinstance(pipe, ShardStream) and (pipe.fields or pipe.batch_size is not None)
-    )
-    if tuples:
-        msg = (
-            f"mix takes pipes of sample dicts; source {name!r} ({type(pipe).__name__}) yields "
-            "tuples or batches: mix before to_tuple, batch and collate; for recipes, give "
-            "tar_shards a dict of sources (tar_shards({'a': urls_a, 'b': urls_b}, "
-            "weights=...))"
-        )
-        raise TypeError(msg)

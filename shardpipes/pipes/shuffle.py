@@ -51,8 +51,8 @@ class SampleShuffler(SampleStage):
     def __init__(
         self,
         source_datapipe: IterDataPipe[Sample],
-        *,
         buffer_size: int = 1000,
+        *,
         seed: int | None = None,
     ) -> None:
         if not isinstance(source_datapipe, TarOpener):

@@ -103,3 +103,26 @@ class TestHandle:
         policy, exc = FakePolicy(), ValueError("bad")
         stage(policy, exc, stage="open_tar", member="a.jpg")
         assert policy.calls == [(exc, {"stage": "open_tar", "member": "a.jpg"})]
+
+
+def test_one_argument_callables_are_called_with_the_error_alone() -> None:
+    """WebDataset's kind, (exc) -> bool: wrapped; (exc, context) and *args: as they are."""
+
+    def one(exc: BaseException) -> bool:
+        return True
+
+    def two(exc: BaseException, context: dict[str, Any] | None = None) -> bool:
+        return True
+
+    def star(*args: Any) -> bool:
+        return True
+
+    wrapped = check_handler(one)
+    assert wrapped is not one
+    assert wrapped(ValueError("x"), {}) is True  # type: ignore[operator]
+    assert check_handler(two) is two
+    assert check_handler(star) is star
+    assert check_handler(dict) is dict  # no signature to read: as (exc, context)
+    refuse = check_handler(lambda e: 0)
+    with pytest.raises(ValueError, match="bad"):
+        handle(refuse, ValueError("bad"))

@@ -111,6 +111,18 @@ class TestCollateSamples:
         """Floats, bools and numpy scalars are left to default_collate."""
         assert collate_samples([{"x": v} for v in values])["x"].dtype == dtype
 
+    def test_dicts_and_lists_are_kept_as_lists(self) -> None:
+        """Decoded json (ragged lists too) and .ten lists: one value per sample, as wds."""
+        meta = [{"uid": i, "boxes": [[0, 0, 1, 1]] * (i + 1)} for i in range(3)]
+        tens = [[np.zeros(2), np.ones(i + 1)] for i in range(3)]
+        batch = collate_samples([{"json": m, "ten": t} for m, t in zip(meta, tens, strict=True)])
+        assert batch["json"] == meta
+        assert batch["ten"] == tens
+
+    def test_what_default_collate_cannot_batch_names_the_field(self) -> None:
+        with pytest.raises(ValueError, match=r"^field 'pair': cannot batch its values \(tuple\)"):
+            collate_samples([{"pair": (1,)}, {"pair": (1, 2)}])
+
     @pytest.mark.parametrize(
         ("batch", "message"),
         [

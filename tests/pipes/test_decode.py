@@ -3,6 +3,7 @@ import json
 import pickle
 import struct
 import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,10 +12,12 @@ import pytest
 import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
+import shardpipes as sp
 from shardpipes._core.decoders import decode_image, decode_sample, default_decoders
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes.errors import DecodeError, UnsafeDataError
 from shardpipes.pipes.decode import SampleDecoder, decoder_table
+from tests.conftest import write_tar
 
 URL = "memory://train-000.tar"
 DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
@@ -368,6 +371,32 @@ class TestSampleDecoder:
         """handler='ignore' skips the bad sample without a warning."""
         out = list(SampleDecoder(IterableWrapper(_mixed()), handler="ignore"))
         assert [s["cls"] for s in out] == [0, 2]
+
+    def test_webdatasets_one_argument_handlers(self, tmp_path: Path) -> None:
+        """wds.ignore_and_continue skips, wds.reraise_exception raises, under open_tar too.
+
+        A handler of one argument is WebDataset's kind: called with the error alone.
+        """
+        import webdataset as wds
+
+        out = list(SampleDecoder(IterableWrapper(_mixed()), handler=wds.ignore_and_continue))
+        assert [s["cls"] for s in out] == [0, 2]
+        with pytest.raises(DecodeError, match=r"k1\.cls"):
+            list(SampleDecoder(IterableWrapper(_mixed()), handler=wds.reraise_exception))
+        seen: list[BaseException] = []
+
+        def record(exc: BaseException) -> bool:
+            seen.append(exc)
+            return True
+
+        url = str(tmp_path / "bad.tar")
+        members = [("a.jpg", b"not a jpeg"), ("a.cls", b"1"), ("b.cls", b"2")]
+        write_tar(url, [*members, ("c.cls", b"x")])
+        pipe = sp.list_shards(url).open_tar(handler=record).decode("pil", handler=record)
+        assert [s["__key__"] for s in pipe] == ["b"]
+        assert [type(e).__name__ for e in seen] == ["DecodeError", "DecodeError"]
+        with pytest.raises(DecodeError, match=r"bad\.tar"):
+            list(sp.list_shards(url).open_tar().decode("pil", handler=lambda exc: False))
 
     def test_raise_is_default(self) -> None:
         """The default handler raises on the bad sample."""

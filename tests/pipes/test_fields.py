@@ -4,6 +4,7 @@ from typing import Any
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
+import shardpipes as sp
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes.errors import MissingFieldError
 from shardpipes.pipes.fields import TupleMaker
@@ -205,3 +206,20 @@ def test_cls_is_a_keyword_like_any_other() -> None:
     assert next(iter(samples.decode(cls=lambda b: int(b) * 10)))["cls"] == 30
     renamed = next(iter(samples.rename_fields(cls="label", keep=False)))
     assert renamed == {"__key__": "a", "__url__": URL, "cls": b"7"}
+
+
+def test_stages_of_samples_given_urls_or_tuples_say_so_when_built() -> None:
+    """Forgetting open_tar, or decoding after to_tuple: a TypeError naming the fix."""
+    urls = ["a.tar"]
+    with pytest.raises(TypeError, match=r"^to_tuple takes sample dicts; ShardLister yields shard"):
+        sp.list_shards(urls).to_tuple("jpg", "cls")
+    with pytest.raises(
+        TypeError, match=r"^decode .* ShardSplitter yields shard URLs: put \.open_tar"
+    ):
+        sp.list_shards(urls).split_shards().decode("pil")
+    with pytest.raises(TypeError, match=r"^decode .* TupleMaker yields tuples or batches: put it"):
+        sp.list_shards(urls).open_tar().to_tuple("jpg").decode("pil")
+    with pytest.raises(TypeError, match=r"^rename_fields .* yields tuples or batches"):
+        sp.recipes.tar_shards(urls, batch_size=2).rename_fields(image="jpg")
+    with pytest.raises(TypeError, match=r"^map_fields takes sample dicts; ShardLister"):
+        sp.list_shards(urls).map_fields(jpg=len)

@@ -270,7 +270,7 @@ def test_mistakes_are_named_at_construction(two: tuple[Dataset, Dataset]) -> Non
     a, _ = two
     with pytest.raises(TypeError, match=r"give tar_shards a dict of sources"):
         sp.mix({"a": sp.recipes.tar_shards(a.urls), "b": source(a)})
-    with pytest.raises(TypeError, match=r"mix before to_tuple"):
+    with pytest.raises(TypeError, match=r"yields tuples or batches: put it before to_tuple"):
         sp.mix({"a": source(a).to_tuple("__key__")})
     with pytest.raises(TypeError, match=r"weights must be a dict"):
         mixed(two, weights=[3, 1])  # type: ignore[arg-type]
