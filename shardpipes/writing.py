@@ -16,7 +16,7 @@ from typing import Any
 
 from shardpipes import fs
 from shardpipes._core.encoders import encode_value
-from shardpipes._core.writer import ShardInfo, TarShardWriter, check_key
+from shardpipes._core.writer import ShardInfo, TarShardWriter, check_key, size_option
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "encode"]
 
@@ -89,7 +89,8 @@ class ShardWriter(_Writer):
         pattern: Shard URL with one printf integer field: ``"out/train-%06d.tar"``,
             ``"s3://bucket/train-%06d.tar"``.
         maxcount: Samples per shard at most.
-        maxsize: Bytes per shard at most (an int or a float such as ``3e9``).
+        maxsize: Bytes per shard at most: a number (``3e9``) or a text such as
+            ``"256MB"`` (as ``shardpipes write --shard-size`` takes).
         start_shard: The number of the first shard.
         post: Called with each shard's URL once it is finished (to upload it, say).
         verbose: Print each finished shard on stderr.
@@ -108,7 +109,7 @@ class ShardWriter(_Writer):
         self,
         pattern: str,
         maxcount: int = 100_000,
-        maxsize: float = 3e9,
+        maxsize: float | str = 3e9,
         *,
         start_shard: int = 0,
         post: Callable[[str], object] | None = None,
@@ -120,7 +121,11 @@ class ShardWriter(_Writer):
             pattern,
             opener=lambda url: fs.open_output(url, options),
             max_samples=_positive("maxcount", maxcount),
-            max_bytes=_positive("maxsize", maxsize),
+            max_bytes=(
+                size_option("maxsize", maxsize, 1, "256MB")
+                if isinstance(maxsize, str)
+                else _positive("maxsize", maxsize)
+            ),
             remove=lambda url: fs.remove_file(url, options),
         )
         if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:

@@ -114,9 +114,10 @@ def test_the_same_samples_give_the_same_bytes(tmp_path: Path) -> None:
 
 
 def test_limits_and_one_archive(tmp_path: Path) -> None:
-    sizes = [s.size for s in write(str(tmp_path / "w-%03d.tar"), maxsize=60_000)]
-    assert len(sizes) > 1
-    assert all(size <= 60_000 for size in sizes)
+    for maxsize in (60_000, "60k"):  # a number, or a text as the command takes
+        sizes = [s.size for s in write(str(tmp_path / f"w{maxsize}-%03d.tar"), maxsize=maxsize)]
+        assert len(sizes) > 1
+        assert all(size <= 60_000 for size in sizes)
     with sp.TarWriter(str(tmp_path / "one.tar")) as sink:
         for sample in samples():
             sink.write(sample)
@@ -242,12 +243,28 @@ def test_closed_empty_and_webdataset_options(
         ("npy", "1,2", r"a str under 'npy', a binary format: it takes a numpy array"),
         ("jpg", PIL.Image.new("RGBA", (4, 4)), r"RGBA image under a JPEG extension: .*png or webp"),
         ("png", np.full((4, 4), 2.0, np.float32), r"values in \[0, 1\] \(got 2.0\.\.2.0\)"),
-        ("png", np.zeros((4, 4), np.uint16), r"must be uint8, or float in \[0, 1\] \(got uint16\)"),
+        ("jpg", np.zeros((4, 4), np.uint16), r"must be uint8, or float in \[0, 1\] \(got uint16\)"),
+        ("png", np.zeros((4, 4, 3), np.uint16), r"\(got uint16\); one channel of uint16 is wr"),
+        ("png", np.zeros((4, 4), np.int32), r"must be uint8, or float in \[0, 1\] \(got int32\)"),
     ],
 )  # fmt: skip
 def test_values_a_format_cannot_hold(tmp_path: Path, field: str, value: Any, match: str) -> None:
     with sp.TarWriter(str(tmp_path / "x.tar")) as sink, pytest.raises(TypeError, match=match):
         sink.write({"__key__": "k", field: value})
+
+
+def test_sixteen_bit_depth_maps_under_png_and_tiff(tmp_path: Path) -> None:
+    """One channel of uint16 (HW, HW1, a 1HW tensor) is written 16-bit, read back exactly."""
+    depth = (np.arange(12 * 10, dtype=np.uint16).reshape(12, 10) * 500).astype(np.uint16)
+    with sp.TarWriter(str(tmp_path / "d.tar")) as sink:
+        sink.write({"__key__": "a", "png": depth, "tiff": depth[:, :, None]})
+        sink.write({"__key__": "b", "png": torch.from_numpy(depth.astype(np.int32))[None]
+                    .to(torch.uint16)})  # fmt: skip
+    for raw in sp.list_shards(str(tmp_path / "d.tar")).open_tar():
+        for field in ("png", "tiff"):
+            if field in raw:
+                image = PIL.Image.open(io.BytesIO(raw[field]))
+                assert image.mode.startswith("I;16") and np.array_equal(np.asarray(image), depth)
 
 
 def test_float_images_and_pickled_text(tmp_path: Path) -> None:

@@ -97,7 +97,8 @@ def check_image_mode(image: str) -> str:
         msg += (
             f": webdataset's {image!r} is not supported; shardpipes decodes images to RGB "
             "uint8 ('pil', 'numpy' as rgb8, 'torch' as torchrgb8): convert after, e.g. "
-            "with map_fields"
+            "with map_fields, or give a decoder of yours for the extension (decode(jpg=f), "
+            "f taking the member's bytes)"
         )
     raise ValueError(msg)
 

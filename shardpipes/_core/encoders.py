@@ -191,7 +191,7 @@ def _image(value: Any, fmt: str) -> bytes:
     image = value
     if not isinstance(value, PIL.Image.Image):
         array = value.numpy() if type(value).__module__ == "torch" else value
-        array = _as_uint8(array)
+        array = _pixels(array, fmt)
         given = array.shape
         if type(value).__module__ == "torch" and array.ndim == 3 and array.shape[0] in (1, 3, 4):
             array = numpy.transpose(array, (1, 2, 0))  # a tensor's CHW to HWC (else HWC)
@@ -225,11 +225,17 @@ def _msgpack(value: Any) -> bytes:
     return packed
 
 
-def _as_uint8(array: Any) -> Any:
-    """An image array as uint8: floats in [0, 1] scaled (as webdataset does), else refused."""
+def _pixels(array: Any, fmt: str) -> Any:
+    """An image array as uint8: floats in [0, 1] scaled (as webdataset does), else refused.
+
+    One channel of uint16 (depth maps) stays so under PNG and TIFF, written as 16-bit.
+    """
     import numpy
 
     if array.dtype == numpy.uint8:
+        return array
+    one_channel = array.ndim == 2 or (array.ndim == 3 and 1 in (array.shape[0], array.shape[2]))
+    if array.dtype == numpy.uint16 and fmt in ("PNG", "TIFF") and one_channel:
         return array
     if array.dtype.kind == "f":
         if array.size and (array.min() < 0 or array.max() > 1):
@@ -239,5 +245,8 @@ def _as_uint8(array: Any) -> Any:
             )
             raise TypeError(msg)
         return (array * 255).round().astype(numpy.uint8)
-    msg = f"an image array must be uint8, or float in [0, 1] (got {array.dtype})"
+    msg = (
+        f"an image array must be uint8, or float in [0, 1] (got {array.dtype}); one channel "
+        "of uint16 is written under png and tiff"
+    )
     raise TypeError(msg)

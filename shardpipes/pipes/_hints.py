@@ -28,6 +28,10 @@ HINTS = {
     "map_dict": ".map_fields(field=function)",
     "select": ".filter(predicate) (torch core)",
     "load_from_tar": ".open_tar() (reads by byte range, resumes)",
+    "map_tuple": ".map(lambda t: (f(t[0]), g(t[1]))) after .to_tuple(...)",
+    "with_length": "len(pipe): exact from .idx sidecars (shardpipes index)",
+    "ddp_equalize": ".split_shards(even=True) (every rank the same number of samples)",
+    "to_dict": "the sample dicts as they come, before .to_tuple(...)",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -78,21 +79,20 @@ class ShardLister(IterDataPipe[str]):
 
     def __init__(
         self,
-        urls: str | Sequence[str],
+        urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         storage_options: Mapping[str, Any] | None = None,
         check_exists: bool = True,
         retries: int = RetryPolicy.retries,
     ) -> None:
         super().__init__()
-        patterns = [urls] if isinstance(urls, str) else urls
-        if (
-            not isinstance(patterns, Sequence)
-            or not patterns
-            or not all(isinstance(p, str) for p in patterns)
-        ):
+        given = [urls] if isinstance(urls, str | os.PathLike) else urls
+        if isinstance(given, Sequence):  # paths are taken as their strings
+            given = [os.fspath(p) if isinstance(p, os.PathLike) else p for p in given]
+        if not isinstance(given, list) or not given or not all(isinstance(p, str) for p in given):
             msg = f"urls must be a string or a non-empty list of strings (got {urls!r})"
             raise TypeError(msg)
+        patterns: list[str] = given
         for pattern in patterns:
             expand_braces(pattern)  # fail early on unbalanced braces
         for pattern in patterns:

@@ -174,3 +174,12 @@ class TestShardSplitter:
         assert sp.set_epoch(pipe, 4) is pipe and parts.epoch == 4
         with pytest.raises(ValueError, match="epoch must be a non-negative int"):
             parts.set_epoch(-1)
+
+
+def test_paths_are_taken_as_urls(make_shards: Callable[..., Dataset]) -> None:
+    """A pathlib.Path, or a list of them, lists as its string does."""
+    data = make_shards(2, 3)
+    assert list(sp.list_shards(Path(data.urls[0]))) == [data.urls[0]]
+    assert list(sp.list_shards([Path(u) for u in data.urls])) == data.urls
+    with pytest.raises(TypeError, match="urls must be a string or a non-empty list"):
+        sp.list_shards(3)  # type: ignore[arg-type]
