@@ -47,6 +47,14 @@ def install() -> None:
             return _keyword_shuffle(found) if name == "shuffle" else found
         except AttributeError:
             hint = HINTS.get(name)
+            if name in ("state_dict", "load_state_dict") and _reads_shards(self):
+                msg = (
+                    f"'{type(self).__name__}' object has no attribute '{name}': with "
+                    f"shardpipes, the state of a chain is the whole pipeline's: "
+                    f"sp.Resumable(pipe).{name}(...), or the loader's (StatefulDataLoader, "
+                    "torchdata.nodes.Loader over sp.to_node(pipe))"
+                )
+                raise AttributeError(msg) from None
             if hint is None:
                 raise
             msg = (
@@ -78,3 +86,12 @@ def _keyword_shuffle(shuffle: Callable[..., Any]) -> Callable[..., Any]:
         return shuffle(**kwargs)
 
     return shuffle_
+
+
+def _reads_shards(pipe: IterDataPipe[Any]) -> bool:
+    from shardpipes.pipes.resumable import reads_shards
+
+    try:
+        return reads_shards(pipe)
+    except Exception:  # a hint only: never an error of its own
+        return False

@@ -16,16 +16,39 @@ over workers × ranks and seeds it, as for any pipe.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from torch.utils.data import IterDataPipe
+from torch.utils.data import IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
 from shardpipes.pipes._length import loader_length
 from shardpipes.pipes.resumable import Positions, reads_shards
 
-__all__ = ["StatefulPipeWrapper", "install"]
+__all__ = ["StatefulPipeWrapper", "check_read_here", "install"]
+
+#: pipes a DataLoader of this process reads in worker processes: their num_workers (a
+#: pipe's own state here says nothing of what the workers read)
+_IN_WORKERS: weakref.WeakKeyDictionary[IterDataPipe[Any], int] = weakref.WeakKeyDictionary()
+
+
+def check_read_here(pipe: IterDataPipe[Any]) -> None:
+    """Refuse a pipe's own state in a process whose DataLoader reads it in workers.
+
+    Raises:
+        ValueError: ``pipe`` was given to a DataLoader with workers, and this is not one.
+    """
+    workers = _IN_WORKERS.get(pipe)
+    if workers and get_worker_info() is None:
+        msg = (
+            f"this pipe is read by a DataLoader's {workers} worker processes: its state in "
+            "this process holds nothing they read, and resuming from it would repeat the "
+            "epoch. Save the loader's state instead: loader.state_dict() of a "
+            "torchdata StatefulDataLoader (it gathers the workers'); sp.resume_from and "
+            "load_state_dict take it"
+        )
+        raise ValueError(msg)
 
 
 class StatefulPipeWrapper(_IterDataPipeSerializationWrapper):
@@ -122,6 +145,8 @@ def _wrap(datapipe: IterDataPipe[Any]) -> _IterDataPipeSerializationWrapper:
         workers = getattr(loader, "num_workers", None)
         if isinstance(workers, int):
             wrapper._workers = workers
+            if workers > 0:
+                _IN_WORKERS[datapipe] = workers
         return wrapper
     return _IterDataPipeSerializationWrapper(datapipe)  # type: ignore[no-untyped-call]
 

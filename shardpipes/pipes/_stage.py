@@ -72,9 +72,15 @@ class ChainState:
         """The state of the pipeline that ends here (reading positions, buffers, counts).
 
         What ``sp.Resumable(pipe).state_dict()`` gives.
+
+        Raises:
+            ValueError: Asked in the main process of a DataLoader that reads this pipe in
+                worker processes (save the loader's state).
         """
+        from shardpipes.pipes._loader import check_read_here
         from shardpipes.pipes.resumable import pipeline_state
 
+        check_read_here(self)  # type: ignore[arg-type]
         return pipeline_state(self)  # type: ignore[arg-type]
 
     def load_state_dict(self, state: Any) -> None:

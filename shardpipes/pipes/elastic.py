@@ -104,7 +104,7 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
         if limiter is None:
             units = plan.left(delivered)
         else:
-            units = plan.limited(delivered, limiter, _given(ranks))
+            units = plan.limited(delivered, limiter, _given(ranks, limiter))
             limiter.drop_loaded()  # the resumed epoch's limit is its units; then n again
         index = {url: i for i, url in enumerate(plan.urls)}
         saved = plan.saved
@@ -204,8 +204,12 @@ def _check_limit(limiter: SampleLimiter, mixer: Mixer | None) -> None:
             raise ValueError(msg)
 
 
-def _given(ranks: list[list[_Worker]]) -> dict[int, int]:
-    """The items each begun old worker's ``limit_samples`` had given, by global worker."""
+def _given(ranks: list[list[_Worker]], limiter: SampleLimiter) -> dict[int, int]:
+    """The items each begun old worker's ``limit_samples`` had given, by global worker.
+
+    Raises:
+        ValueError: A state without a limit's count, or of another ``n``.
+    """
     out = {}
     for workers in ranks:
         for worker in workers:
@@ -215,6 +219,7 @@ def _given(ranks: list[list[_Worker]]) -> dict[int, int]:
             if not worker.held:
                 msg = "the state has no limit_samples count: it was saved by another pipeline"
                 raise ValueError(msg)
+            limiter.check_options(worker.held[0])
             out[int(split["worker"])] = int(worker.held[0]["given"])
     return out
 
@@ -269,7 +274,14 @@ def _worker_states(state: Any, stages: int) -> list[_Worker]:
             continue
         found = one.get("stages") if isinstance(one, Mapping) else None
         if one.get("version") != VERSION or not isinstance(found, list) or len(found) != stages:
-            msg = f"not a state of this pipeline ({stages} reading stages): {str(one)[:200]}"
+            saved = len(found) if isinstance(found, list) else "no"
+            mixed = len(one.get("mixes") or [])
+            msg = (
+                f"not a state of this pipeline: it has {saved} reading stages"
+                f"{f' and {mixed} mix' if mixed else ''}, this pipeline {stages}"
+                f"{' (a mix of them)' if stages > 1 else ''} (a state of another pipeline, or "
+                f"of another version): {str(one)[:120]}"
+            )
             raise ValueError(msg)
         mixes = one.get("mixes") or [None]
         out.append(_Worker(list(found), mixes[0], one.get("held")))
@@ -356,7 +368,14 @@ class _Plan:
             for worker in workers:
                 split = _split_of(worker)
                 if "workers" in split:
-                    self.states[int(split["worker"])] = worker
+                    index = int(split["worker"])
+                    if index in self.states:
+                        msg = (
+                            f"global worker {index}'s state is given twice (one rank's state "
+                            "twice in the list?): give each rank's once"
+                        )
+                        raise ValueError(msg)
+                    self.states[index] = worker
         self.elastic = saved.get("elastic")
         self._parts: dict[int, list[ShardPart]] = {}
 

@@ -63,7 +63,28 @@ class Positioned(ChainState, SampleStage):
         if not isinstance(state, Mapping) or set(state) != set(mine):
             msg = f"not a {type(self).__name__} state: {str(state)[:100]} (keys: {sorted(mine)})"
             raise ValueError(msg)
+        self.check_options(state)
         self._pinned = dict(state)
+
+    def options(self) -> dict[str, Any]:
+        """What the stage was made with that a state of it must match (none by default)."""
+        return {}
+
+    def check_options(self, state: Mapping[str, Any]) -> None:
+        """Refuse a count saved by this stage made with other options.
+
+        Raises:
+            ValueError: ``state`` was saved with another ``n`` (``count``…), naming both.
+        """
+        for key, value in self.options().items():
+            if state.get(key) != value:
+                name = FORMS[type(self)]
+                msg = (
+                    f"the state was saved with {name}({key}={state.get(key)!r}); this pipe has "
+                    f"{name}({key}={value!r}): resume with the same {key} (its epoch was cut "
+                    "by the saved one)"
+                )
+                raise ValueError(msg)
 
     def own_state(self) -> dict[str, Any]:
         """This stage's own count (the pipeline's state holds it under ``"held"``)."""
@@ -73,7 +94,7 @@ class Positioned(ChainState, SampleStage):
         """The state of the iteration about to begin here: a loaded state, else its start."""
         if self._pinned is not None:
             return dict(self._pinned)
-        return dict.fromkeys(self.own_state(), 0)
+        return {**dict.fromkeys(self.own_state(), 0), **self.options()}
 
 
 @functional_form("limit_samples")
@@ -134,8 +155,13 @@ class SampleLimiter(Positioned):
                 close()
 
     def own_state(self) -> dict[str, Any]:
-        """The items given in the current epoch by this worker."""
-        return {"given": self._given if self._pinned is None else self._pinned["given"]}
+        """The items given in the current epoch by this worker, and ``n``."""
+        given = self._given if self._pinned is None else self._pinned["given"]
+        return {"given": given, **self.options()}
+
+    def options(self) -> dict[str, Any]:
+        """``n``: a state of another limit is refused."""
+        return {"n": self.n}
 
     def __len__(self) -> int:
         return local_length(self)
@@ -203,8 +229,15 @@ class EpochCycler(Positioned):
             self._pass += 1
 
     def own_state(self) -> dict[str, Any]:
-        """The pass this worker is in."""
-        return {"pass": self._pass if self._pinned is None else self._pinned["pass"]}
+        """The pass this worker is in, and ``count``."""
+        return {
+            "pass": self._pass if self._pinned is None else self._pinned["pass"],
+            **self.options(),
+        }
+
+    def options(self) -> dict[str, Any]:
+        """``count``: a state of another number of passes is refused."""
+        return {"count": self.count}
 
     def __len__(self) -> int:
         if self.count is None:

@@ -166,7 +166,14 @@ class ShardStream(IterDataPipe[Any]):
         As for ``open_tar``'s (the shard order and split, the cursor, the shuffle buffer
         as byte ranges), plus the samples taken by decode threads but not yet yielded.
         The plain ``StatefulDataLoader`` saves it, with any ``num_workers``.
+
+        Raises:
+            ValueError: Asked in the main process of a DataLoader that reads this pipe in
+                worker processes (save the loader's state).
         """
+        from shardpipes.pipes._loader import check_read_here
+
+        check_read_here(self)
         return self.reading.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

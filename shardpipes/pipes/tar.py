@@ -103,7 +103,14 @@ class TarOpener(SampleStage):
         buffered samples as references ``(shard, start, end)`` with the buffer's random
         state (a full 5,000-sample buffer: about 120 KB of JSON). The plain
         ``StatefulDataLoader`` saves it, with any ``num_workers``.
+
+        Raises:
+            ValueError: Asked in the main process of a DataLoader that reads this pipe in
+                worker processes (save the loader's state).
         """
+        from shardpipes.pipes._loader import check_read_here
+
+        check_read_here(self)
         return self.reading.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

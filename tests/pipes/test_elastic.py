@@ -482,9 +482,15 @@ def test_limits_resume_from_cannot_take(data: Dataset, tmp_path: Path) -> None:
         sp.resume_from(sp.mix({"a": chain}).limit_samples(10), state)
     with pytest.raises(ValueError, match="cannot yet resume a pipeline with EpochCycler"):
         sp.resume_from(limited(data, 100).cycle_epochs(2), state)
-    tampered = {**state, "held": [{"given": 6}]}  # as if an error handler had skipped one
+    tampered = {**state, "held": [{"given": 6, "n": 100}]}  # as if a handler had skipped one
     with pytest.raises(ValueError, match=r"limit_samples gave 6 items while its reading deliv"):
         sp.resume_from(limited(data, 100), tampered)
-    _, unseeded = rank_run(limited(data, 100, seed=None), 2, 0, 5)
+    _, unseeded = stopped(lambda: limited(data, 100, seed=None), [5, 5])
     with pytest.raises(ValueError, match=r"^where a limit_samples epoch stops is found by"):
-        sp.resume_from(limited(data, 100, seed=None), [unseeded, unseeded])
+        sp.resume_from(limited(data, 100, seed=None), unseeded)
+    with pytest.raises(ValueError, match=r"^global worker 0's state is given twice"):
+        sp.resume_from(limited(data, 100, seed=None), [unseeded[0], unseeded[0]])
+    with pytest.raises(ValueError, match=r"saved with limit_samples\(n=100\); this pipe has limit"):
+        sp.resume_from(limited(data, 120), state)
+    with pytest.raises(ValueError, match=r"it has 1 reading stages, this pipeline 2 \(a mix"):
+        sp.resume_from(sp.mix({"a": source(data, 1), "b": source(data, 2)}), state)

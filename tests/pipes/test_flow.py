@@ -430,3 +430,37 @@ def test_another_num_workers_is_refused_without_pointing_to_resume_from(data: Da
     with pytest.raises(ValueError, match="SampleLimiter resumes on no other") as info:
         second.load_state_dict(state)
     assert "resume_from" not in str(info.value)
+
+
+def test_a_state_of_another_n_or_count_is_refused(data: Dataset) -> None:
+    """A count saved with limit_samples(5) (cycle_epochs(2)) cut its epoch there: not 6 (3)."""
+    saved = sp.Resumable(chain(data).limit_samples(5)).state_dict()
+    with pytest.raises(ValueError, match=r"saved with limit_samples\(n=5\); this pipe has limit"):
+        sp.Resumable(chain(data).limit_samples(6)).load_state_dict(saved)
+    saved = sp.Resumable(chain(data).cycle_epochs(2)).state_dict()
+    with pytest.raises(ValueError, match=r"saved with cycle_epochs\(count=2\); this pipe has"):
+        sp.Resumable(chain(data).cycle_epochs(3)).load_state_dict(saved)
+
+
+@slow
+def test_the_pipes_own_state_beside_a_loader_with_workers_is_refused(data: Dataset) -> None:
+    """Its workers read it: the main process's copy would resume the epoch from its start."""
+    recipe = sp.recipes.tar_shards(data.urls, fields=("__key__",), seed=1)
+    loader = StatefulDataLoader(recipe, batch_size=4, num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    with pytest.raises(ValueError, match=r"read by a DataLoader's 2 worker processes: .*loader\."):
+        recipe.state_dict()
+    assert loader.state_dict()  # the way out
+    ended = chain(data).limit_samples(7)
+    assert len(list(StatefulDataLoader(ended, batch_size=None, num_workers=1))) == 7
+    with pytest.raises(ValueError, match=r"read by a DataLoader's 1 worker processes"):
+        ended.state_dict()
+    alone = sp.recipes.tar_shards(data.urls, fields=("__key__",), seed=1)
+    list(StatefulDataLoader(alone, batch_size=4, num_workers=0))
+    assert alone.state_dict()["position"]  # read here: its state is right
+
+
+def test_a_chain_without_a_state_of_its_own_says_where_it_is(data: Dataset) -> None:
+    with pytest.raises(AttributeError, match=r"sp\.Resumable\(pipe\)\.state_dict"):
+        chain(data).batch(2).collate().state_dict()
