@@ -154,9 +154,16 @@ def split_samples(stage: Any, source: Any, total: int, worker: int) -> int:
             "shard order, from the DataLoader's seed: give split_shards (or the recipe) a "
             "seed=, or even=True, for an exact len()",
         )
-    parts = source.split(
-        urls, counts, seed=source.order_seed(), epoch=source.epoch, total=total, worker=worker
-    )
+    resumed = source.resumed_units()
+    if resumed is not None:  # the rest of an epoch resumed from another topology
+        parts = source.parts_for(
+            urls, seed=source.order_seed(), epoch=source.epoch, total=total, worker=worker,
+            units=resumed,
+        )  # fmt: skip
+    else:
+        parts = source.split(
+            urls, counts, seed=source.order_seed(), epoch=source.epoch, total=total, worker=worker
+        )
     by_url = dict(zip(urls, counts, strict=True))
     return sum(len(part_samples(by_url[part.url], part)) for part in parts)
 

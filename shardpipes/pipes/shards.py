@@ -448,6 +448,14 @@ class ShardSplitter(ShardingFilterIterDataPipe):
                 )
                 raise ValueError(msg)
 
+    def resumed_units(self) -> list[Any] | None:
+        """The units left of the epoch ``len()`` counts, if ``resume_from`` resumed it here."""
+        found = self._pinned if self._pinned is not None else self._elastic
+        if found is None or "elastic" not in found or found["epoch"] != self.epoch:
+            return None
+        units: list[Any] = found["elastic"]["units"]
+        return units
+
     def resume_elastic(self, state: Mapping[str, Any]) -> None:
         """Make the next iteration the rest of an epoch (see ``shardpipes.resume_from``).
 

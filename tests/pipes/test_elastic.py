@@ -494,3 +494,29 @@ def test_limits_resume_from_cannot_take(data: Dataset, tmp_path: Path) -> None:
         sp.resume_from(limited(data, 120), state)
     with pytest.raises(ValueError, match=r"it has 1 reading stages, this pipeline 2 \(a mix"):
         sp.resume_from(sp.mix({"a": source(data, 1), "b": source(data, 2)}), state)
+
+
+@pytest.mark.parametrize("limit", [None, 100])
+def test_len_of_a_resumed_epoch_is_what_it_yields(data: Dataset, limit: int | None) -> None:
+    """len() of the loader resumed elsewhere: the samples of the rest, not a whole epoch.
+
+    (Batched by the DataLoader, torch divides one total by the batch size; samples here.)
+    """
+    for url in data.urls:
+        sp.write_index(url)
+
+    def make() -> Any:
+        return recipe(data) if limit is None else limited(data, limit)
+
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    samples = iter(loader)
+    for _ in range(21):
+        next(samples)
+    state = loader.state_dict()
+    del samples
+    for workers in (0, 3):
+        again = StatefulDataLoader(
+            sp.resume_from(make(), state), batch_size=None, num_workers=workers
+        )
+        expected = len(again)
+        assert expected == len(list(again)) <= len(data.keys) - 21
