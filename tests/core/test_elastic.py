@@ -12,6 +12,7 @@ import pytest
 from shardpipes._core.elastic import (
     buffer_seed_of,
     left_over,
+    part_indices,
     replay,
     samples_of,
     share,
@@ -234,3 +235,22 @@ def test_share_without_even_leaves_nothing_out() -> None:
     assert [sum(size_of(u) or 0 for u in m) for m in mine] == [4, 5]
     assert share(units[:1], 5, 4, even=False) == [ShardPart("s0", start=3, stop=4)]
     assert share(units[:1], 5, 4, even=True) == []  # fewer than one each: left out
+
+
+def test_a_streamed_part_with_a_stop_ends_there() -> None:
+    """Every 3rd sample from 1 of a streamed shard, below its stop (and the shard's end)."""
+    assert list(part_indices(ShardPart("s2", 1, 3, start=0, stop=6), 9, streamed=True)) == [1, 4]
+    assert list(part_indices(ShardPart("s2", 1, 3, start=0, stop=20), 9, streamed=True)) == [
+        1,
+        4,
+        7,
+    ]
+    streamed = Known("s2")
+    left = left_over(
+        [ShardPart("s2", 0, 2, start=0, stop=7)],
+        {"done": False, "draining": False, "buffer": [], "ahead": [], "shards": [],
+         "cursor": [1, 20, 2]},
+        streamed,
+    )  # fmt: skip
+    assert left == [ShardPart("s2", 0, 2, start=2, stop=7)]
+    assert samples_of(left, streamed) == [("s2", 2), ("s2", 4), ("s2", 6)]

@@ -117,9 +117,16 @@ def test_one_argument_callables_are_called_with_the_error_alone() -> None:
     def star(*args: Any) -> bool:
         return True
 
-    wrapped = check_handler(one)
-    assert wrapped is not one
-    assert wrapped(ValueError("x"), {}) is True  # type: ignore[operator]
+    def none() -> bool:
+        return True
+
+    seen: list[BaseException] = []
+    wrapped = check_handler(lambda exc: seen.append(exc) is None)
+    error = ValueError("x")
+    assert wrapped(error, {}) is True  # type: ignore[operator]
+    assert seen == [error]  # called with the error itself
+    assert check_handler(one) is not one
+    assert check_handler(none) is none  # takes neither: left as it is (it fails when called)
     assert check_handler(two) is two
     assert check_handler(star) is star
     assert check_handler(dict) is dict  # no signature to read: as (exc, context)
