@@ -37,18 +37,24 @@ def check_read_here(pipe: IterDataPipe[Any]) -> None:
     """Refuse a pipe's own state in a process whose DataLoader reads it in workers.
 
     Raises:
-        ValueError: ``pipe`` was given to a DataLoader with workers, and this is not one.
+        ValueError: ``pipe`` was given to a DataLoader with workers, this process is not
+            one of them, and has not read it itself.
     """
+    from shardpipes.pipes._epoch import readings
+
     workers = _IN_WORKERS.get(pipe)
-    if workers and get_worker_info() is None:
-        msg = (
-            f"this pipe is read by a DataLoader's {workers} worker processes: its state in "
-            "this process holds nothing they read, and resuming from it would repeat the "
-            "epoch. Save the loader's state instead: loader.state_dict() of a "
-            "torchdata StatefulDataLoader (it gathers the workers'); sp.resume_from and "
-            "load_state_dict take it"
-        )
-        raise ValueError(msg)
+    if not workers or get_worker_info() is not None:
+        return
+    if any(reading.run is not None for reading in readings(pipe)):
+        return  # iterated here too (without the loader): its state is this process's
+    msg = (
+        f"this pipe is read by a DataLoader's {workers} worker processes: its state in "
+        "this process holds nothing they read, and resuming from it would repeat the "
+        "epoch. Save the loader's state instead: loader.state_dict() of a "
+        "torchdata StatefulDataLoader (it gathers the workers'); sp.resume_from and "
+        "load_state_dict take it"
+    )
+    raise ValueError(msg)
 
 
 class StatefulPipeWrapper(_IterDataPipeSerializationWrapper):

@@ -452,6 +452,9 @@ def test_the_pipes_own_state_beside_a_loader_with_workers_is_refused(data: Datas
     with pytest.raises(ValueError, match=r"read by a DataLoader's 2 worker processes: .*loader\."):
         recipe.state_dict()
     assert loader.state_dict()  # the way out
+    for _ in recipe:  # read here too, without the loader: its state is this process's
+        break
+    assert recipe.state_dict()["position"]
     ended = chain(data).limit_samples(7)
     assert len(list(StatefulDataLoader(ended, batch_size=None, num_workers=1))) == 7
     with pytest.raises(ValueError, match=r"read by a DataLoader's 1 worker processes"):
