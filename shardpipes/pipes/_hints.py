@@ -50,9 +50,10 @@ def install() -> None:
             if name in ("state_dict", "load_state_dict") and _reads_shards(self):
                 msg = (
                     f"'{type(self).__name__}' object has no attribute '{name}': with "
-                    f"shardpipes, the state of a chain is the whole pipeline's: "
-                    f"sp.Resumable(pipe).{name}(...), or the loader's (StatefulDataLoader, "
-                    "torchdata.nodes.Loader over sp.to_node(pipe))"
+                    "shardpipes, save the loader's state (a StatefulDataLoader's, or "
+                    "torchdata.nodes.Loader over sp.to_node(pipe)): with workers, only it "
+                    f"holds what they read; iterating the pipe yourself, sp.Resumable(pipe)."
+                    f"{name}(...)"
                 )
                 raise AttributeError(msg) from None
             if hint is None:

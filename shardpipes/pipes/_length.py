@@ -75,6 +75,8 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
     from shardpipes.pipes.tar import TarOpener
 
     if isinstance(pipe, SampleLimiter):
+        if pipe.resumed(upcoming=False):  # the rest of a resumed epoch: not cut
+            return worker_length(pipe.source_datapipe, total, worker)
         quota = pipe.quota(total, worker)
         try:
             return min(quota, worker_length(pipe.source_datapipe, total, worker))
@@ -139,8 +141,12 @@ def _batches(n: int, size: int, drop_last: bool) -> int:
 
 
 def split_samples(stage: Any, source: Any, total: int, worker: int) -> int:
-    """Samples the ``split_shards`` stage ``source`` gives ``worker`` of ``total`` to read."""
-    from shardpipes._core.split import part_samples
+    """Samples the ``split_shards`` stage ``source`` gives ``worker`` of ``total`` to read.
+
+    Counted as the reading stage ``stage`` reads the parts: a part of a shard it streams
+    (not indexed, or compressed) is every ``m``-th sample, not a block.
+    """
+    from shardpipes._core.elastic import part_indices
     from shardpipes.pipes.shards import ShardSplitter
 
     if not isinstance(source, ShardSplitter):
@@ -165,7 +171,14 @@ def split_samples(stage: Any, source: Any, total: int, worker: int) -> int:
             urls, counts, seed=source.order_seed(), epoch=source.epoch, total=total, worker=worker
         )
     by_url = dict(zip(urls, counts, strict=True))
-    return sum(len(part_samples(by_url[part.url], part)) for part in parts)
+    unindexed = stage.reading.reader.index is False
+
+    def streamed(url: str) -> bool:
+        return unindexed or url.endswith((".gz", ".tgz"))
+
+    return sum(
+        len(part_indices(part, by_url[part.url], streamed=streamed(part.url))) for part in parts
+    )
 
 
 LOOKUPS = 16  #: sidecars read at once

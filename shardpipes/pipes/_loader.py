@@ -189,7 +189,8 @@ def _checked(load: Any) -> Any:
                     f"num_workers={self.num_workers}. Resume with the same num_workers (and "
                     "world size)"
                 )
-                held = self.dataset.positions().held
+                found = self.dataset.positions()
+                held = [s for s in found.held if not _elastic_limit(s, found)]
                 if held:  # resume_from refuses them
                     names = sorted({type(stage).__name__ for stage in held})
                     msg += f": a pipeline with {', '.join(names)} resumes on no other"
@@ -214,3 +215,10 @@ def _saved_workers(state: Mapping[str, Any]) -> int | None:
         return 0 if "_index_sampler_state" in state or "fetcher_state" in state else None
     workers = (snapshot.get("_main_snapshot") or {}).get("_num_workers")
     return workers if isinstance(workers, int) else None
+
+
+def _elastic_limit(stage: Any, found: Positions) -> bool:
+    """Whether ``stage`` is a ``limit_samples`` that ``resume_from`` takes (no mix)."""
+    from shardpipes.pipes.flow import SampleLimiter
+
+    return isinstance(stage, SampleLimiter) and len(found.held) == 1 and not found.mixes

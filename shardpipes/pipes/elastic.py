@@ -33,6 +33,7 @@ from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Positions, Resumable, mixers
 from shardpipes.pipes.shards import ShardLister, ShardSplitter, _digest, splitters
 from shardpipes.pipes.shuffle import SampleShuffler
+from shardpipes.pipes.stream import ShardStream
 
 __all__ = ["resume_from"]
 
@@ -194,7 +195,8 @@ def _check_limit(limiter: SampleLimiter, mixer: Mixer | None) -> None:
         )
         raise ValueError(msg)
     for stage in graph_pipes(limiter.source_datapipe):
-        if reading_of(stage) is None and not isinstance(stage, _ONE_FOR_ONE):
+        batches = isinstance(stage, ShardStream) and stage.batch_size is not None
+        if batches or (reading_of(stage) is None and not isinstance(stage, _ONE_FOR_ONE)):
             msg = (
                 f"resume_from resumes a limit_samples on another topology only when it counts "
                 f"samples, and this one has {type(stage).__name__} before it: put "
@@ -472,6 +474,9 @@ class _Plan:
             else:
                 done = delivered.of(self, w)
                 left = self.replayed_left(w, done)
+            if self.elastic is not None:  # a resumed epoch, not cut by the limit: all of it
+                out += samples_of(left, self)
+                continue
             quota = limiter.quota(self.total, w)
             if done >= quota:
                 continue  # its share given (what the replay below would find, at a cost)

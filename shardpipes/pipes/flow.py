@@ -8,6 +8,7 @@ webdataset's ``.slice(n)`` / torchdata's ``.header(n)``, ``.repeat()`` / ``.cycl
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -49,8 +50,18 @@ class Positioned(ChainState, SampleStage):
         """Drop a loaded state that no iteration began from."""
         self._pinned = None
 
+    _awaiting = False  # an epoch was begun here (by a mix) that has not read yet
+
+    def await_epoch(self) -> None:
+        """An epoch was begun for this stage (by a ``mix``) that reads only when drawn.
+
+        Until it reads, its state is that epoch's start (or the state loaded for it), not
+        the count at the last epoch's end: a checkpoint then would resume it as spent.
+        """
+        self._awaiting = True
+
     def _take_pinned(self) -> Mapping[str, Any]:
-        pinned, self._pinned = self._pinned, None
+        pinned, self._pinned, self._awaiting = self._pinned, None, False
         return pinned or {}
 
     def load_own(self, state: Mapping[str, Any]) -> None:
@@ -88,13 +99,18 @@ class Positioned(ChainState, SampleStage):
 
     def own_state(self) -> dict[str, Any]:
         """This stage's own count (the pipeline's state holds it under ``"held"``)."""
+        if self._awaiting:
+            return self.upcoming_state()
+        return self._own()
+
+    def _own(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def upcoming_state(self) -> dict[str, Any]:
         """The state of the iteration about to begin here: a loaded state, else its start."""
         if self._pinned is not None:
             return dict(self._pinned)
-        return {**dict.fromkeys(self.own_state(), 0), **self.options()}
+        return {**dict.fromkeys(self._own(), 0), **self.options()}
 
 
 @functional_form("limit_samples")
@@ -134,9 +150,25 @@ class SampleLimiter(Positioned):
             return self.n // total
         return share(self.n, total, worker)
 
+    def resumed(self, *, upcoming: bool) -> bool:
+        """Whether the epoch is the rest of one ``resume_from`` resumed: no limit then.
+
+        Its units are what the old workers had left of their shares; the new workers'
+        shares of ``n`` need not cut them where they fall.
+
+        Args:
+            upcoming: The epoch about to begin here (else the current one, as ``len()``
+                counts it).
+        """
+        found = splitters(self.source_datapipe)
+        if upcoming:
+            return any("elastic" in s.upcoming_state() for s in found)
+        return any(s.resumed_units() is not None for s in found)
+
     def _stream(self, wanted: frozenset[str] | None) -> Iterator[Any]:
+        resumed = self.resumed(upcoming=True)
         self._given = int(self._take_pinned().get("given", 0))
-        quota = self.quota(*placement_of(self.source_datapipe))
+        quota = math.inf if resumed else self.quota(*placement_of(self.source_datapipe))
         if self._given >= quota:
             from shardpipes.pipes.resumable import Positions
 
@@ -154,7 +186,7 @@ class SampleLimiter(Positioned):
             if close is not None:
                 close()
 
-    def own_state(self) -> dict[str, Any]:
+    def _own(self) -> dict[str, Any]:
         """The items given in the current epoch by this worker, and ``n``."""
         given = self._given if self._pinned is None else self._pinned["given"]
         return {"given": given, **self.options()}
@@ -228,7 +260,7 @@ class EpochCycler(Positioned):
             first = False
             self._pass += 1
 
-    def own_state(self) -> dict[str, Any]:
+    def _own(self) -> dict[str, Any]:
         """The pass this worker is in, and ``count``."""
         return {
             "pass": self._pass if self._pinned is None else self._pinned["pass"],
@@ -296,7 +328,7 @@ class ItemPrefetcher(Positioned):
         states: dict[int, Any] = self._run.mark[1]
         return states
 
-    def own_state(self) -> dict[str, Any]:
+    def _own(self) -> dict[str, Any]:
         """Items to skip after the upstream stages' states (see :meth:`upstream_states`)."""
         if self._pinned is not None:
             return {"skip": self._pinned["skip"]}

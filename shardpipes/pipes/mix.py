@@ -16,10 +16,11 @@ from torch.utils.data import IterDataPipe
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
-from shardpipes.pipes._epoch import readings
+from shardpipes.pipes._epoch import reading_of, readings
 from shardpipes.pipes._length import local_length, no_length
 from shardpipes.pipes._stage import ChainState, graph_pipes
 from shardpipes.pipes.fields import takes_samples
+from shardpipes.pipes.flow import Positioned
 from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, placement_of, splitters
 
 __all__ = ["Mixer", "mix"]
@@ -147,8 +148,10 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
         for pipe in self.sources.values():
             for splitter in splitters(pipe):
                 splitter.begin_now()  # every source's epoch is counted now, drawn or not
-            for reading in readings(pipe):
-                reading.await_epoch()  # and its state is that epoch's until it is drawn
+            for stage in graph_pipes(pipe):  # and its state is that epoch's until drawn
+                waiting = reading_of(stage) if not isinstance(stage, Positioned) else stage
+                if waiting is not None:
+                    waiting.await_epoch()
         streams = {name: iter(pipe) for name, pipe in self.sources.items()}
         try:
             pairs = mixed(draws, lambda name: self._next(streams, name))
@@ -185,8 +188,6 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
 
         Their epochs count as done, so the next epoch reads them anew.
         """
-        from shardpipes.pipes.flow import Positioned
-
         for pipe in self.sources.values():
             for reading in readings(pipe):
                 reading.drop_loaded()

@@ -471,6 +471,9 @@ def test_a_resumed_limited_epoch_resumes_again(data: Dataset) -> None:
 def test_limits_resume_from_cannot_take(data: Dataset, tmp_path: Path) -> None:
     """Refused, saying why: a limit of batches or after a filter, a mix, no fixed seed."""
     _, state = rank_run(limited(data, 100), 2, 0, 5)
+    batched_recipe = sp.recipes.tar_shards(data.urls, seed=3, even=True, batch_size=4)
+    with pytest.raises(ValueError, match=r"only when it counts samples, and this one has ShardSt"):
+        sp.resume_from(batched_recipe.limit_samples(10), state)
     batched = recipe(data).batch(4).limit_samples(10)
     with pytest.raises(ValueError, match=r"only when it counts samples, and this one has Batcher"):
         sp.resume_from(batched, state)
@@ -520,3 +523,45 @@ def test_len_of_a_resumed_epoch_is_what_it_yields(data: Dataset, limit: int | No
         )
         expected = len(again)
         assert expected == len(list(again)) <= len(data.keys) - 21
+
+
+def test_a_limited_rest_near_n_is_not_cut_by_the_new_shares(data: Dataset) -> None:
+    """A rest of 100 of limit 101, without even: not cut by the new workers' shares of n.
+
+    It is dealt 33/33/34, their shares of 101 are 34/34/33; nothing may be lost.
+    """
+    whole = limited_epoch(data, 101, 1, even=False)
+    before, states = stopped(lambda: limited(data, 101, even=False), [1])
+    resumed = [sp.resume_from(limited(data, 101, even=False), states[0]) for _ in range(3)]
+    after = flat([rank_run(pipe, 3, w, None)[0] for w, pipe in enumerate(resumed)])
+    assert Counter(before + after) == Counter(whole)
+    # stopped again in the resumed epoch, its rest resumes on the same 3 workers
+    middle, mid_states = stopped(lambda: sp.resume_from(limited(data, 101, even=False),
+                                                        states[0]), [5, 5, 40])  # fmt: skip
+    plain = []
+    for worker in range(3):
+        pipe = limited(data, 101, even=False)
+        sp.Resumable(pipe).load_state_dict(mid_states[worker])
+        plain += rank_run(pipe, 3, worker, None)[0]
+    assert Counter(before + middle + plain) == Counter(whole)
+
+
+def test_len_counts_streamed_parts_as_read(make_shards: Callable[..., Dataset]) -> None:
+    """index=False (the recipe's default), 4 workers over 2 shards: every 2nd sample each."""
+    data = make_shards(2, [41, 37])
+    for url in data.urls:
+        sp.write_index(url)
+
+    def make() -> Any:
+        return sp.recipes.tar_shards(data.urls, fields=("__key__",), seed=3, buffer_size=8)
+
+    fresh = StatefulDataLoader(make(), batch_size=None, num_workers=4)
+    assert len(fresh) == len(list(fresh)) == 78
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=4)
+    items = iter(loader)
+    for _ in range(9):
+        next(items)
+    state = loader.state_dict()
+    del items
+    again = StatefulDataLoader(sp.resume_from(make(), state), batch_size=None, num_workers=3)
+    assert len(again) == len(list(again)) == 78 - 9

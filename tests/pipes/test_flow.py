@@ -421,15 +421,23 @@ def test_a_new_iteration_stops_the_thread_of_one_left_early(data: Dataset) -> No
 
 
 def test_another_num_workers_is_refused_without_pointing_to_resume_from(data: Dataset) -> None:
-    """resume_from refuses these stages: the error does not send the user there."""
-    first = StatefulDataLoader(chain(data).limit_samples(50), batch_size=None, num_workers=0)
-    items = iter(first)
-    next(items)
-    state = first.state_dict()
-    second = StatefulDataLoader(chain(data).limit_samples(50), batch_size=None, num_workers=2)
-    with pytest.raises(ValueError, match="SampleLimiter resumes on no other") as info:
-        second.load_state_dict(state)
-    assert "resume_from" not in str(info.value)
+    """resume_from refuses cycle_epochs: the error does not send the user there.
+
+    It takes a limit_samples alone: the error sends the user there.
+    """
+    for end, refused in (
+        (lambda p: p.cycle_epochs(2), True),
+        (lambda p: p.limit_samples(50), False),
+    ):
+        first = StatefulDataLoader(end(chain(data)), batch_size=None, num_workers=0)
+        items = iter(first)
+        next(items)
+        state = first.state_dict()
+        second = StatefulDataLoader(end(chain(data)), batch_size=None, num_workers=2)
+        with pytest.raises(ValueError, match="saved with num_workers=0") as info:
+            second.load_state_dict(state)
+        assert ("EpochCycler resumes on no other" in str(info.value)) is refused
+        assert ("resume_from" in str(info.value)) is not refused
 
 
 def test_a_state_of_another_n_or_count_is_refused(data: Dataset) -> None:
@@ -465,5 +473,7 @@ def test_the_pipes_own_state_beside_a_loader_with_workers_is_refused(data: Datas
 
 
 def test_a_chain_without_a_state_of_its_own_says_where_it_is(data: Dataset) -> None:
-    with pytest.raises(AttributeError, match=r"sp\.Resumable\(pipe\)\.state_dict"):
+    with pytest.raises(
+        AttributeError, match=r"save the loader's state .* sp\.Resumable\(pipe\)\.st"
+    ):
         chain(data).batch(2).collate().state_dict()

@@ -341,7 +341,7 @@ def _sources(samples: Any) -> Counter[str]:
     return Counter(name for name, _ in keyed(samples))
 
 
-@pytest.mark.parametrize("kind", ["plain", "epoch_size"])
+@pytest.mark.parametrize("kind", ["plain", "epoch_size", "limit", "cycle"])
 @pytest.mark.parametrize("into", [1, 3])
 def test_a_checkpoint_before_a_sources_first_draw_of_an_epoch(
     two: tuple[Dataset, Dataset], kind: str, into: int
@@ -355,9 +355,15 @@ def test_a_checkpoint_before_a_sources_first_draw_of_an_epoch(
     options: dict[str, Any] = {"weights": {"a": 1, "b": 19}, "seed": 9}
     if kind == "epoch_size":
         options["epoch_size"] = 700
+    a, b = two
 
     def make() -> Any:
-        return StatefulDataLoader(mixed(two, **options), batch_size=None, num_workers=0)
+        if kind in ("limit", "cycle"):  # a count in the source: its epoch's start too
+            first = source(a).limit_samples(50) if kind == "limit" else source(a).cycle_epochs(1)
+            pipe = sp.mix({"a": first, "b": source(b, seed=2)}, **options)
+        else:
+            pipe = mixed(two, **options)
+        return StatefulDataLoader(pipe, batch_size=None, num_workers=0)
 
     reference = make()
     list(reference)
