@@ -499,6 +499,15 @@ def test_limits_resume_from_cannot_take(data: Dataset, tmp_path: Path) -> None:
         sp.resume_from(sp.mix({"a": source(data, 1), "b": source(data, 2)}), state)
 
 
+def stopped_loader(make: Callable[[], Any], *, workers: int, items: int) -> Any:
+    """The state of a StatefulDataLoader of samples over ``make()`` after ``items`` of them."""
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
+    samples = iter(loader)
+    for _ in range(items):
+        next(samples)
+    return loader.state_dict()
+
+
 @pytest.mark.parametrize("limit", [None, 100])
 def test_len_of_a_resumed_epoch_is_what_it_yields(data: Dataset, limit: int | None) -> None:
     """len() of the loader resumed elsewhere: the samples of the rest, not a whole epoch.
@@ -511,12 +520,7 @@ def test_len_of_a_resumed_epoch_is_what_it_yields(data: Dataset, limit: int | No
     def make() -> Any:
         return recipe(data) if limit is None else limited(data, limit)
 
-    loader = StatefulDataLoader(make(), batch_size=None, num_workers=2)
-    samples = iter(loader)
-    for _ in range(21):
-        next(samples)
-    state = loader.state_dict()
-    del samples
+    state = stopped_loader(make, workers=2, items=21)
     for workers in (0, 3):
         again = StatefulDataLoader(
             sp.resume_from(make(), state), batch_size=None, num_workers=workers
@@ -557,11 +561,6 @@ def test_len_counts_streamed_parts_as_read(make_shards: Callable[..., Dataset]) 
 
     fresh = StatefulDataLoader(make(), batch_size=None, num_workers=4)
     assert len(fresh) == len(list(fresh)) == 78
-    loader = StatefulDataLoader(make(), batch_size=None, num_workers=4)
-    items = iter(loader)
-    for _ in range(9):
-        next(items)
-    state = loader.state_dict()
-    del items
+    state = stopped_loader(make, workers=4, items=9)
     again = StatefulDataLoader(sp.resume_from(make(), state), batch_size=None, num_workers=3)
     assert len(again) == len(list(again)) == 78 - 9
