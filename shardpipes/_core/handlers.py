@@ -78,7 +78,7 @@ def check_handler(handler: Handler) -> Handler:
 def _takes_one(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` takes one positional argument and not two (WebDataset's handlers)."""
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(fn, follow_wrapped=False)  # a wrapper's own
     except (TypeError, ValueError):  # no signature to read: taken as (exc, context)
         return False
     try:

@@ -28,9 +28,11 @@ from shardpipes.pipes.resumable import Positions, reads_shards
 
 __all__ = ["StatefulPipeWrapper", "check_read_here", "install"]
 
-#: pipes a DataLoader of this process reads in worker processes: their num_workers (a
-#: pipe's own state here says nothing of what the workers read)
-_IN_WORKERS: weakref.WeakKeyDictionary[IterDataPipe[Any], int] = weakref.WeakKeyDictionary()
+#: pipes that a live DataLoader of this process reads in worker processes: (the loader,
+#: its num_workers). A pipe's own state here says nothing of what the workers read
+_IN_WORKERS: weakref.WeakKeyDictionary[IterDataPipe[Any], tuple[weakref.ref[Any], int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def check_read_here(pipe: IterDataPipe[Any]) -> None:
@@ -42,9 +44,9 @@ def check_read_here(pipe: IterDataPipe[Any]) -> None:
     """
     from shardpipes.pipes._epoch import readings
 
-    workers = _IN_WORKERS.get(pipe)
-    if not workers or get_worker_info() is not None:
-        return
+    loader, workers = _IN_WORKERS.get(pipe, (None, 0))
+    if loader is None or loader() is None or get_worker_info() is not None:
+        return  # no live loader reads it in workers, or this is one of them
     if any(reading.run is not None for reading in readings(pipe)):
         return  # iterated here too (without the loader): its state is this process's
     msg = (
@@ -151,8 +153,10 @@ def _wrap(datapipe: IterDataPipe[Any]) -> _IterDataPipeSerializationWrapper:
         workers = getattr(loader, "num_workers", None)
         if isinstance(workers, int):
             wrapper._workers = workers
-            if workers > 0:
-                _IN_WORKERS[datapipe] = workers
+            if workers > 0 and loader is not None:
+                _IN_WORKERS[datapipe] = (weakref.ref(loader), workers)
+            else:  # the newest loader reads it here
+                _IN_WORKERS.pop(datapipe, None)
         return wrapper
     return _IterDataPipeSerializationWrapper(datapipe)  # type: ignore[no-untyped-call]
 

@@ -91,7 +91,7 @@ def collate_samples(batch: Sequence[Any]) -> Any:
     Field by field: ``PIL.Image`` values become uint8 CHW tensors (modes other than
     ``L``, ``RGB`` and ``RGBA`` are converted to RGB first) and numeric numpy arrays
     become tensors, then tensors are stacked; ``int`` values become a 1-D int64 tensor;
-    ``str`` and ``bytes`` values, and dicts and lists (decoded ``json``, ``.ten``), are
+    ``str`` and ``bytes`` values, dicts and lists without arrays (decoded ``json``) are
     kept as a list of the samples' values, as WebDataset's ``batched`` keeps them;
     anything else goes to ``torch.utils.data.default_collate``. Use it as
     ``pipe.batch(n).collate(collate_samples)`` or as a ``DataLoader``'s ``collate_fn``.
@@ -107,7 +107,8 @@ def collate_samples(batch: Sequence[Any]) -> Any:
     Raises:
         ValueError: For an empty batch, samples with different fields, or tensors of
             different shapes in one field (resize them in a ``map()`` before ``batch()``),
-            or values ``default_collate`` cannot batch (the error names the field).
+            or values ``default_collate`` cannot batch (the error, of its type, names
+            the field).
 
     Example:
         >>> import PIL.Image
@@ -146,7 +147,7 @@ def _check_same(expected: object, got: object, what: str) -> None:
 
 def _collate_field(field: str | int, values: list[Any]) -> Any:
     first = values[0]
-    if isinstance(first, (str, bytes, dict, list)):
+    if isinstance(first, (str, bytes, dict)) or (isinstance(first, list) and _plain(values)):
         return values
     if isinstance(first, int) and not isinstance(first, bool):
         return torch.tensor(values, dtype=torch.int64)
@@ -167,7 +168,18 @@ def _collate_field(field: str | int, values: list[Any]) -> Any:
             f"field {field!r}: cannot batch its values ({type(first).__name__}): {exc}; make "
             "them one shape in a map() before batching, or collate with a function of yours"
         )
-        raise ValueError(msg) from exc
+        raise type(exc)(msg) from exc
+
+
+def _plain(values: list[Any]) -> bool:
+    """Whether lists hold no array or tensor (decoded ``json``): kept as they are.
+
+    Lists of arrays (``.ten``) go to ``default_collate``, which stacks them position by
+    position.
+    """
+    return not any(
+        isinstance(item, (numpy.ndarray, torch.Tensor)) for value in values for item in value
+    )
 
 
 def _unequal(field: str | int, one: tuple[int, ...], other: tuple[int, ...], image: bool) -> str:

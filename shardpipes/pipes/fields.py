@@ -17,7 +17,9 @@ from shardpipes.pipes._stage import SampleStage, functional_form, upstream
 __all__ = ["FieldMapper", "FieldRenamer", "TupleMaker"]
 
 
-def takes_samples(source: IterDataPipe[Any], stage: str, way: str = "") -> None:
+def takes_samples(
+    source: IterDataPipe[Any], stage: str, way: str = "", *, batches: bool = True
+) -> None:
     """Refuse, when the pipe is built, a stage of sample dicts given other items.
 
     Shard URLs (``list_shards``/``split_shards`` without ``open_tar``), tuples
@@ -28,6 +30,7 @@ def takes_samples(source: IterDataPipe[Any], stage: str, way: str = "") -> None:
         source: The stage's source.
         stage: What to call the stage in the message.
         way: A last word on what to do instead.
+        batches: Whether a recipe's batches of dicts (``fields=()``, ``batch_size=``) do.
 
     Raises:
         TypeError: ``source`` yields shard URLs, tuples or batches.
@@ -40,7 +43,8 @@ def takes_samples(source: IterDataPipe[Any], stage: str, way: str = "") -> None:
     if isinstance(source, ShardLister | ShardSplitter):
         found, fix = "shard URLs", "put .open_tar() before it"
     elif isinstance(source, TupleMaker | Batcher) or (
-        isinstance(source, ShardStream) and (source.fields or source.batch_size is not None)
+        isinstance(source, ShardStream)
+        and (source.fields or (source.batch_size is not None and not batches))
     ):
         found, fix = "tuples or batches", "put it before to_tuple, batch and collate"
     else:

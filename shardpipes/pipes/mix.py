@@ -95,7 +95,7 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
             takes_samples(
                 pipe, f"mix (source {name!r})",
                 "; for recipes, give tar_shards a dict of sources (tar_shards({'a': urls_a, "
-                "'b': urls_b}, weights=...))",
+                "'b': urls_b}, weights=...))", batches=False,
             )  # fmt: skip
         if isinstance(seed, bool) or not isinstance(seed, int):
             msg = f"seed must be an int (got {seed!r})"

@@ -133,3 +133,17 @@ def test_one_argument_callables_are_called_with_the_error_alone() -> None:
     refuse = check_handler(lambda e: 0)
     with pytest.raises(ValueError, match="bad"):
         handle(refuse, ValueError("bad"))
+
+
+def test_a_two_argument_wrapper_of_a_one_argument_function_stays_two() -> None:
+    """functools.wraps points the signature at the inner function: the wrapper's counts."""
+    import functools
+
+    def one(exc: BaseException) -> bool:
+        return True
+
+    @functools.wraps(one)
+    def wrapper(exc: BaseException, context: dict[str, Any]) -> bool:
+        return one(exc)
+
+    assert check_handler(wrapper) is wrapper

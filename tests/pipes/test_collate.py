@@ -112,15 +112,19 @@ class TestCollateSamples:
         assert collate_samples([{"x": v} for v in values])["x"].dtype == dtype
 
     def test_dicts_and_lists_are_kept_as_lists(self) -> None:
-        """Decoded json (ragged lists too) and .ten lists: one value per sample, as wds."""
+        """Decoded json (ragged lists too): one value per sample, as wds; .ten stacked."""
         meta = [{"uid": i, "boxes": [[0, 0, 1, 1]] * (i + 1)} for i in range(3)]
-        tens = [[np.zeros(2), np.ones(i + 1)] for i in range(3)]
-        batch = collate_samples([{"json": m, "ten": t} for m, t in zip(meta, tens, strict=True)])
+        tags = [["a"] * i for i in range(3)]
+        tens = [[np.zeros(2), np.full((2, 2), i)] for i in range(3)]
+        batch = collate_samples(
+            [{"json": m, "tags": g, "ten": t} for m, g, t in zip(meta, tags, tens, strict=True)]
+        )
         assert batch["json"] == meta
-        assert batch["ten"] == tens
+        assert batch["tags"] == tags
+        assert [t.shape for t in batch["ten"]] == [(3, 2), (3, 2, 2)]  # stacked by position
 
     def test_what_default_collate_cannot_batch_names_the_field(self) -> None:
-        with pytest.raises(ValueError, match=r"^field 'pair': cannot batch its values \(tuple\)"):
+        with pytest.raises(RuntimeError, match=r"^field 'pair': cannot batch its values \(tupl"):
             collate_samples([{"pair": (1,)}, {"pair": (1, 2)}])
 
     @pytest.mark.parametrize(

@@ -223,3 +223,7 @@ def test_stages_of_samples_given_urls_or_tuples_say_so_when_built() -> None:
         sp.recipes.tar_shards(urls, batch_size=2).rename_fields(image="jpg")
     with pytest.raises(TypeError, match=r"^map_fields takes sample dicts; ShardLister"):
         sp.list_shards(urls).map_fields(jpg=len)
+    # a recipe's batches of dicts (fields=()) are dicts: these stages take them
+    batches = sp.recipes.tar_shards(urls, fields=(), batch_size=2)
+    assert isinstance(batches.to_tuple("jpg", "cls"), TupleMaker)
+    batches.rename_fields(image="jpg").map_fields(image=len)

@@ -464,9 +464,16 @@ def test_the_pipes_own_state_beside_a_loader_with_workers_is_refused(data: Datas
         break
     assert recipe.state_dict()["position"]
     ended = chain(data).limit_samples(7)
-    assert len(list(StatefulDataLoader(ended, batch_size=None, num_workers=1))) == 7
+    reader = StatefulDataLoader(ended, batch_size=None, num_workers=1)
+    assert len(list(reader)) == 7
     with pytest.raises(ValueError, match=r"read by a DataLoader's 1 worker processes"):
         ended.state_dict()
+    del reader  # no live loader reads it in workers: its own state again
+    assert ended.state_dict()["held"]
+    again = chain(data).limit_samples(500)
+    StatefulDataLoader(again, batch_size=None, num_workers=2)  # kept alive below
+    keep = StatefulDataLoader(again, batch_size=None, num_workers=0)  # the newest: here
+    assert again.state_dict()["version"] and keep.num_workers == 0
     alone = sp.recipes.tar_shards(data.urls, fields=("__key__",), seed=1)
     list(StatefulDataLoader(alone, batch_size=4, num_workers=0))
     assert alone.state_dict()["position"]  # read here: its state is right
