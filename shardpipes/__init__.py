@@ -13,6 +13,7 @@ and ``collate``::
               .to_tuple("jpg;png", "cls"))
 """
 
+from shardpipes import nodes as _nodes
 from shardpipes import recipes
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes._core.policy import ErrorPolicy, Stats
@@ -50,6 +51,7 @@ from shardpipes.writing import ShardWriter, TarWriter
 
 _loader.install()  # the plain StatefulDataLoader(pipe) resumes exactly
 _hints.install()  # pipe.header(n) says to write limit_samples(n)
+_nodes.install()  # torchdata.nodes.Loader's state after a restart at an epoch's end
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,7 @@ from torchdata.nodes import BaseNode  # type: ignore[import-untyped]
 
 from shardpipes.pipes.resumable import Positions, Resumable
 
-__all__ = ["PipeNode", "to_node"]
+__all__ = ["PipeNode", "install", "to_node"]
 
 T = TypeVar("T")
 
@@ -115,3 +115,28 @@ def _not_a_pipeline(given: Any) -> str:
             "torchdata.nodes.IterableWrapper"
         )
     return f"to_node takes a shardpipes pipeline (got {name}): {way}"
+
+
+def install() -> None:
+    """Make ``torchdata.nodes.Loader`` report its state after a restart at an epoch's end.
+
+    A ``Loader`` resumed from a state taken at an epoch's end looks ahead (``has_next``),
+    finds the epoch over and resets to the next one, but keeps the state it cached for
+    the look-ahead: its ``state_dict()`` gives that stale state for the rest of the
+    iterator's life, and a checkpoint taken anywhere in the next epoch resumes it from
+    its start (samples repeated). torchdata 0.11 has the bug (its pull request 1552 is
+    the same fix): a reset drops the cached state here.
+    """
+    from torchdata.nodes import loader
+
+    iterator = loader.LoaderIterator
+    if getattr(iterator.reset, "_shardpipes", False):
+        return
+    original = iterator.reset
+
+    def reset(self: Any, initial_state: Mapping[str, Any] | None = None) -> None:
+        original(self, initial_state)
+        self._cached_state_dict = None
+
+    reset._shardpipes = True  # type: ignore[attr-defined]
+    iterator.reset = reset

@@ -218,3 +218,25 @@ def test_a_mix_under_the_loader_resumed_near_its_end(
         second.load_state_dict(state)
         assert before + [(s["__source__"], s["__key__"]) for s in second] == epochs[0]
         assert [(s["__source__"], s["__key__"]) for s in second] == epochs[1]
+
+
+def test_a_checkpoint_in_the_epoch_after_an_end_of_epoch_resume(data: Dataset) -> None:
+    """A checkpoint in the epoch after a resume from an epoch's end resumes it there.
+
+    The Loader restarts into the next epoch; torchdata 0.11 kept reporting the stale
+    loaded state for the rest of that iterator's life.
+    """
+    reference = Loader(sp.to_node(recipe(data)))
+    epochs = [keys(reference), keys(reference)]
+    first = Loader(sp.to_node(recipe(data)))
+    keys(first)
+    ended = first.state_dict()
+    second = Loader(sp.to_node(recipe(data)))
+    second.load_state_dict(ended)
+    items = iter(second)
+    before = [next(items)[0] for _ in range(10)]
+    middle = second.state_dict()
+    assert middle != ended
+    third = Loader(sp.to_node(recipe(data)))
+    third.load_state_dict(middle)
+    assert before + keys(third) == epochs[1]
