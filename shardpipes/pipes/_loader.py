@@ -24,6 +24,7 @@ from torch.utils.data import IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
 from shardpipes.pipes._length import loader_length
+from shardpipes.pipes.flow import lone_limit
 from shardpipes.pipes.resumable import Positions, reads_shards
 
 __all__ = ["StatefulPipeWrapper", "check_read_here", "install"]
@@ -194,7 +195,8 @@ def _checked(load: Any) -> Any:
                     "world size)"
                 )
                 found = self.dataset.positions()
-                held = [s for s in found.held if not _elastic_limit(s, found)]
+                taken = None if found.mixes else lone_limit(found.held)  # as resume_from
+                held = [s for s in found.held if s is not taken]
                 if held:  # resume_from refuses them
                     names = sorted({type(stage).__name__ for stage in held})
                     msg += f": a pipeline with {', '.join(names)} resumes on no other"
@@ -219,10 +221,3 @@ def _saved_workers(state: Mapping[str, Any]) -> int | None:
         return 0 if "_index_sampler_state" in state or "fetcher_state" in state else None
     workers = (snapshot.get("_main_snapshot") or {}).get("_num_workers")
     return workers if isinstance(workers, int) else None
-
-
-def _elastic_limit(stage: Any, found: Positions) -> bool:
-    """Whether ``stage`` is a ``limit_samples`` that ``resume_from`` takes (no mix)."""
-    from shardpipes.pipes.flow import SampleLimiter
-
-    return isinstance(stage, SampleLimiter) and len(found.held) == 1 and not found.mixes

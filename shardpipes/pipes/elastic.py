@@ -28,7 +28,7 @@ from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, readin
 from shardpipes.pipes._stage import graph_pipes
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
-from shardpipes.pipes.flow import SampleLimiter
+from shardpipes.pipes.flow import SampleLimiter, lone_limit
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Positions, Resumable, mixers
 from shardpipes.pipes.shards import ShardLister, ShardSplitter, _digest, splitters
@@ -131,7 +131,7 @@ def _stages(
         ValueError: For a pipeline ``resume_from`` cannot resume, saying why.
     """
     held = Positions(pipe).held
-    limiter = held[0] if len(held) == 1 and isinstance(held[0], SampleLimiter) else None
+    limiter = lone_limit(held)
     if held and limiter is None:
         names = ", ".join(sorted({type(stage).__name__ for stage in held}))
         msg = (

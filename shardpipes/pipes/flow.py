@@ -347,6 +347,11 @@ class ItemPrefetcher(Positioned):
         return state
 
 
+def lone_limit(held: list[Positioned]) -> SampleLimiter | None:
+    """A pipeline's only count stage, if it is a ``limit_samples`` (``resume_from`` takes it)."""
+    return held[0] if len(held) == 1 and isinstance(held[0], SampleLimiter) else None
+
+
 #: each stage's functional name, for messages
 FORMS = {
     SampleLimiter: "limit_samples",

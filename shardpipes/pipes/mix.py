@@ -16,7 +16,7 @@ from torch.utils.data import IterDataPipe
 from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
-from shardpipes.pipes._epoch import reading_of, readings
+from shardpipes.pipes._epoch import ShardReading, reading_of
 from shardpipes.pipes._length import local_length, no_length
 from shardpipes.pipes._stage import ChainState, graph_pipes
 from shardpipes.pipes.fields import takes_samples
@@ -148,10 +148,9 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
         for pipe in self.sources.values():
             for splitter in splitters(pipe):
                 splitter.begin_now()  # every source's epoch is counted now, drawn or not
-            for stage in graph_pipes(pipe):  # and its state is that epoch's until drawn
-                waiting = reading_of(stage) if not isinstance(stage, Positioned) else stage
-                if waiting is not None:
-                    waiting.await_epoch()
+        held = self._held()
+        for stage in held:
+            stage.await_epoch()  # and its state is that epoch's until drawn
         streams = {name: iter(pipe) for name, pipe in self.sources.items()}
         try:
             pairs = mixed(draws, lambda name: self._next(streams, name))
@@ -169,7 +168,8 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
                 sample["__source__"] = name
                 self._yielded += 1
                 yield sample
-            self._drop_unread()
+            for stage in held:  # loaded into a source this epoch never read (spent before):
+                stage.drop_loaded()  # its epoch counts as done, the next one reads it anew
             if self.resample or (quota is not None and self._yielded < quota):
                 msg = (
                     f"the sources ran out of samples ({', '.join(self.sources)}: a whole pass "
@@ -183,17 +183,14 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
                 if close is not None:
                     close()
 
-    def _drop_unread(self) -> None:
-        """Drop the states loaded into sources this epoch never read from (spent before).
-
-        Their epochs count as done, so the next epoch reads them anew.
-        """
-        for pipe in self.sources.values():
-            for reading in readings(pipe):
-                reading.drop_loaded()
-            for stage in graph_pipes(pipe):
-                if isinstance(stage, Positioned):
-                    stage.drop_loaded()
+    def _held(self) -> list[ShardReading | Positioned]:
+        """The sources' stages with a position of their own (readings, counts), one walk."""
+        found = (
+            stage if isinstance(stage, Positioned) else reading_of(stage)
+            for pipe in self.sources.values()
+            for stage in graph_pipes(pipe)
+        )
+        return list(dict.fromkeys(stage for stage in found if stage is not None))
 
     def _placement(self) -> tuple[int, int]:
         """``(total workers, this one's global index)``, as the sources' splits see it."""
