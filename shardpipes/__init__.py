@@ -13,8 +13,8 @@ and ``collate``::
               .to_tuple("jpg;png", "cls"))
 """
 
+from shardpipes import _patches, recipes
 from shardpipes import nodes as _nodes
-from shardpipes import recipes
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes._core.policy import ErrorPolicy, Stats
 from shardpipes._core.split import ShardPart, shard_order, split_plan
@@ -49,6 +49,7 @@ from shardpipes.pipes.stream import ShardStream
 from shardpipes.pipes.tar import TarOpener
 from shardpipes.writing import ShardWriter, TarWriter
 
+_patches.install()  # torchdata's set_vital warning
 _loader.install()  # the plain StatefulDataLoader(pipe) resumes exactly
 _hints.install()  # pipe.header(n) says to write limit_samples(n)
 _nodes.install()  # torchdata.nodes.Loader's state after a restart at an epoch's end

@@ -17,11 +17,11 @@ import sys
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from shardpipes import fs
-from shardpipes._core.decoders import IMAGE_MODES
+from shardpipes._core.decoders import IMAGE_MODES, decode_image
 from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size, pattern_parts
 from shardpipes.errors import DecodeError, ShardpipesError
 
@@ -104,10 +104,22 @@ def _parser() -> argparse.ArgumentParser:
     write.add_argument("--shuffle", action="store_true",
                        help="shuffle the samples across all shards (see --seed)")  # fmt: skip
     write.add_argument("--seed", type=int, help="seed of --shuffle (default 0)")
-    write.add_argument("--classes", metavar="URL",
-                       help="label by this class list: the classes.json written beside other "
-                            "shards (e.g. train's), or a text file of one name per line; "
-                            "default: the class folders, sorted")  # fmt: skip
+    labels = write.add_mutually_exclusive_group()
+    labels.add_argument("--classes", metavar="URL",
+                        help="label by this class list: the classes.json written beside other "
+                             "shards (e.g. train's), or a text file of one name per line; "
+                             "default: the class list of another split written beside OUT, "
+                             "else the class folders, sorted")  # fmt: skip
+    labels.add_argument("--new-classes", action="store_true",
+                        help="label by the class folders even when another split's class "
+                             "list is beside OUT")  # fmt: skip
+    write.add_argument("--handler", choices=("raise", "warn", "ignore"), default="raise",
+                       help="an image that does not decode: stop (default), or skip it "
+                            "(warn: naming it)")  # fmt: skip
+    write.add_argument("--no-check", dest="check", action="store_false",
+                       help="do not decode each image to check it (faster)")  # fmt: skip
+    write.add_argument("--no-index", dest="index", action="store_false",
+                       help="do not write the URL.idx sidecar of each shard")  # fmt: skip
     write.add_argument("--overwrite", action="store_true",
                        help="remove the shards that already match the pattern first")  # fmt: skip
     index = sub.add_parser("index", parents=[so], help="write URL.idx sidecar indexes")
@@ -212,8 +224,7 @@ def _write(args: argparse.Namespace) -> int:
         msg = "--seed is the seed of --shuffle: give --shuffle too"
         raise _UsageError(msg)
     options = dict(args.storage_options)
-    given = _read_classes(args.classes, options) if args.classes else None
-    classes, images = _list_images(args.src, options, given)
+    classes, images, source = _labelled(args, options)
     if args.shuffle:
         random.Random(args.seed or 0).shuffle(images)
     old = _existing(args.out, options)
@@ -228,20 +239,27 @@ def _write(args: argparse.Namespace) -> int:
         fs.remove_file(f"{url}.idx", options)
     opener = lambda url: fs.open_output(url, options)  # noqa: E731
     writer = TarShardWriter(args.out, opener=opener, max_bytes=args.shard_size,
-                            max_samples=args.samples_per_shard,
+                            max_samples=args.samples_per_shard, index=args.index,
                             remove=lambda url: fs.remove_file(url, options))  # fmt: skip
-    with writer, tqdm(images, unit="img", desc="write", file=sys.stderr) as bar:
-        for key, ext, label, url in bar:
-            with fs.open_input(url, options) as f:
-                sample = {"__key__": key, ext: f.read(), "cls": str(label)}
+    skipped = 0
+    with writer, tqdm(total=len(images), unit="img", desc="write", file=sys.stderr) as bar:
+        for (key, ext, label, _), data in _read_images(images, options, check=args.check):
+            bar.update()
+            if isinstance(data, DecodeError):
+                _bad_image(data, args.handler)
+                skipped += 1
+                continue
+            sample = {"__key__": key, ext: data, "cls": str(label)}
             writer.write({**sample, "class.txt": classes[label]})
     listing = classes_url(args.out)
     with fs.open_output(listing, options) as f:
         f.write(json.dumps({"classes": classes}, ensure_ascii=False, indent=1).encode())
     for shard in writer.shards:
         print(f"{shard.url}\t{_count(shard.samples, 'sample')}\t{_count(shard.size, 'byte')}")
-    print(f"classes: {listing} ({_count(len(classes), 'class')})")
+    print(f"classes: {listing} ({_count(len(classes), 'class')}{source})")
     print(f"wrote {_count(writer.samples, 'sample')} to {_count(len(writer.shards), 'shard')}")
+    if skipped:
+        print(f"skipped {_count(skipped, 'image')} that do not decode")
     return 0
 
 
@@ -255,23 +273,94 @@ def classes_url(pattern: str) -> str:
     return pattern_parts(pattern)[0] + "classes.json"
 
 
-def _read_classes(url: str, options: dict[str, Any]) -> list[str]:
-    """A class list: ``{"classes": [...]}`` or a list in JSON, else one name per line."""
-    with fs.open_input(url, options) as f:
-        text = f.read().decode("utf-8")
+def _labelled(
+    args: argparse.Namespace, options: dict[str, Any]
+) -> tuple[list[str], list[tuple[str, str, int, str]], str]:
+    """The class list, the images with their labels, and where the list came from.
+
+    By ``--classes``; else by the class list of another split written beside the output
+    (``PREFIX-classes.json``), so that a split missing a class keeps the others' labels;
+    else (or with ``--new-classes``) by the source's own class folders.
+
+    Raises:
+        ValueError: The source has a class folder the list lacks, or the lists beside the
+            output disagree.
+    """
+    from shardpipes.recipes.image_folder import read_classes
+
+    if args.classes:
+        return (*_list_images(args.src, options, read_classes(args.classes, options)), "")
+    found = [] if args.new_classes else _class_lists_beside(args.out, options)
+    if not found:
+        return (*_list_images(args.src, options, None), "")
+    lists = {url: read_classes(url, options) for url in found}
+    given = lists[found[0]]
+    if any(other != given for other in lists.values()):
+        msg = (
+            f"the class lists beside {args.out} differ ({', '.join(found)}): pass --classes "
+            "URL to label by one of them, or --new-classes to label by the source's folders"
+        )
+        raise ValueError(msg)
     try:
-        found = json.loads(text)
-    except ValueError:
-        found = [line.strip() for line in text.splitlines() if line.strip()]
-    if isinstance(found, dict):
-        found = found.get("classes")
-    if not isinstance(found, list) or not all(isinstance(n, str) for n in found) or not found:
-        msg = f"{url}: not a class list (a JSON list of names, or one name per line)"
-        raise ValueError(msg)
-    if len(set(found)) != len(found):
-        msg = f"{url}: a class is listed twice"
-        raise ValueError(msg)
-    return found
+        classes, images = _list_images(args.src, options, given)
+    except ValueError as exc:
+        msg = (
+            f"{exc}, {found[0]}, written beside these shards for another split: its labels "
+            "would not mean the same. Pass --classes URL to label by another list, or "
+            "--new-classes to label by the source's own folders"
+        )
+        raise ValueError(msg) from None
+    return classes, images, f", the labels of {found[0]}"
+
+
+def _class_lists_beside(pattern: str, options: dict[str, Any]) -> list[str]:
+    """The class lists of other splits in the output's folder (not the one being written)."""
+    head = pattern_parts(pattern)[0]
+    folder = head.rpartition("/")[0] or "."
+    own = classes_url(pattern)
+    try:
+        found = fs.glob(f"{folder}/*classes.json", options)
+    except FileNotFoundError:
+        return []
+    return sorted(url for url in found if url != own and not url.endswith(own))
+
+
+def _read_images(
+    images: list[tuple[str, str, int, str]], options: dict[str, Any], *, check: bool
+) -> Iterator[tuple[tuple[str, str, int, str], bytes | DecodeError]]:
+    """Each image with its bytes, in order (or the ``DecodeError`` of one that does not decode).
+
+    Read and decoded on a few threads (Pillow decodes without the GIL), a window at a time.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardpipes._core.decoders import located
+
+    def read(image: tuple[str, str, int, str]) -> bytes | DecodeError:
+        key, ext, _, url = image
+        with fs.open_input(url, options) as f:
+            data: bytes = f.read()
+        if check:
+            try:
+                decode_image(data, "pil")
+            except Exception as exc:  # every failure to decode is reported
+                return located(exc, {"__url__": url, "__key__": key}, ext)
+        return data
+
+    threads = min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(threads, thread_name_prefix="shardpipes-write") as pool:
+        for start in range(0, len(images), 64):
+            window = images[start : start + 64]
+            yield from zip(window, pool.map(read, window), strict=True)
+
+
+def _bad_image(exc: DecodeError, handler: str) -> None:
+    """An image that does not decode: raised (``--handler raise``), else skipped."""
+    if handler == "raise":
+        msg = f"{exc} (--handler warn skips such images, naming each)"
+        raise ValueError(msg) from exc
+    if handler == "warn":
+        print(f"shardpipes: warning: skipped: {' '.join(str(exc).split())}", file=sys.stderr)
 
 
 def _existing(pattern: str, options: dict[str, Any]) -> list[str]:
@@ -295,18 +384,9 @@ def _list_images(
     """
     from shardpipes.recipes.image_folder import class_images
 
-    folders, images = class_images(src, options)
-    classes = given if given is not None else folders
-    label = {name: i for i, name in enumerate(classes)}
-    unknown = sorted({parts[0] for _, _, parts in images} - set(label))
-    if unknown:
-        msg = (
-            f"{src}: class folder(s) {', '.join(map(repr, unknown[:5]))} not in the class list "
-            f"({_count(len(classes), 'class')}): every label must mean what it means elsewhere"
-        )
-        raise ValueError(msg)
+    classes, images = class_images(src, options, given)
     found, keys = [], set[str]()
-    for url, _, parts in images:
+    for url, label, parts in images:
         stem, _, ext = parts[-1].rpartition(".")
         key = "/".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in [*parts[:-1], stem])
         base, n = key, 1
@@ -314,7 +394,7 @@ def _list_images(
             n += 1
             key = f"{base}_{n}"
         keys.add(key)
-        found.append((key, _EXTENSIONS.get(ext.lower(), ext.lower()), label[parts[0]], url))
+        found.append((key, _EXTENSIONS.get(ext.lower(), ext.lower()), label, url))
     return classes, found
 
 

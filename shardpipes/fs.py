@@ -92,6 +92,18 @@ def has_magic(url: str) -> bool:
     return any(c in url.rsplit("::", 1)[-1] for c in _MAGIC)
 
 
+def is_folder(url: str) -> bool:
+    """Whether ``url`` names a folder: it ends with ``/``, or is a local directory.
+
+    Only local paths are looked up (a bucket's "folder" is a key prefix, not a file).
+    """
+    if url.endswith("/"):
+        return True
+    if _protocol(url) != "file" or "::" in url:
+        return False
+    return os.path.isdir(url.removeprefix("file://"))
+
+
 def _protocol(url: str) -> str:
     last = url.rsplit("::", 1)[-1]
     return last.split("://", 1)[0] if "://" in last else "file"

@@ -95,6 +95,9 @@ class ShardWriter(_Writer):
         post: Called with each shard's URL once it is finished (to upload it, say).
         verbose: Print each finished shard on stderr.
         storage_options: Passed to the fsspec filesystem.
+        index: Write each shard's ``URL.idx`` sidecar, the byte range of every sample:
+            ``len()`` is then exact without reading the shards, and a shard can be split
+            between workers by byte range (``False``: none, as webdataset writes).
 
     Example:
         >>> import shardpipes as sp
@@ -115,6 +118,7 @@ class ShardWriter(_Writer):
         post: Callable[[str], object] | None = None,
         verbose: int = 0,
         storage_options: Mapping[str, Any] | None = None,
+        index: bool = True,
     ) -> None:
         options = dict(storage_options or {})
         writer = TarShardWriter(
@@ -127,6 +131,7 @@ class ShardWriter(_Writer):
                 else _positive("maxsize", maxsize)
             ),
             remove=lambda url: fs.remove_file(url, options),
+            index=index,
         )
         if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
             msg = f"start_shard must be a non-negative int (got {start_shard!r})"
@@ -145,6 +150,7 @@ class TarWriter(_Writer):
     Args:
         url: The archive's URL (any fsspec filesystem).
         storage_options: Passed to the fsspec filesystem.
+        index: Write the archive's ``URL.idx`` sidecar (see :class:`ShardWriter`).
 
     Example:
         >>> import shardpipes as sp
@@ -154,7 +160,9 @@ class TarWriter(_Writer):
         1
     """
 
-    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, url: str, *, storage_options: Mapping[str, Any] | None = None, index: bool = True
+    ) -> None:
         if not isinstance(url, str):
             msg = f"url must be a string (got {type(url).__name__})"
             raise TypeError(msg)
@@ -165,6 +173,7 @@ class TarWriter(_Writer):
                 opener=lambda url: fs.open_output(url, options),
                 remove=lambda url: fs.remove_file(url, options),
                 single=True,
+                index=index,
             )
         )
 

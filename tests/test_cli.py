@@ -18,6 +18,7 @@ import fsspec
 import pytest
 from PIL import Image
 
+import shardpipes as sp
 from shardpipes import fs
 from shardpipes._core.writer import parse_size
 from shardpipes.cli import main
@@ -126,8 +127,11 @@ class TestWrite:
         assert status == 0
         plural = "shard" if shards == 1 else "shards"  # "1 shard", as English has it
         assert out.splitlines()[-1] == f"wrote {len(contents)} samples to {shards} {plural}"
-        tars = [f"t-{i:04d}.tar" for i in range(shards)]
+        tars = [f"t-{i:04d}.tar{x}" for i in range(shards) for x in ("", ".idx")]
         assert sorted(os.listdir(tmp_path / "out")) == [*tars, "t-classes.json"]
+        for tar in tars[::2]:  # each sidecar is the index a scan of its shard builds
+            url = str(tmp_path / "out" / tar)
+            assert read_index(url) == sp.build_index(url)
         back = _read(str(tmp_path / "out/t-*.tar"))
         assert set(back) == set(KEYS)
         for key, (ext, label) in KEYS.items():
@@ -531,8 +535,12 @@ class TestWriteTrainsWell:
         assert status == 0
         assert sorted(p.name for p in tmp_path.glob("t-*.tar*")) == [
             "t-00.tar",
+            "t-00.tar.idx",
             "t-01.tar",
-        ]  # no .idx
+            "t-01.tar.idx",
+        ]  # the old sidecars gone, new ones written
+        for url in (str(tmp_path / "t-00.tar"), str(tmp_path / "t-01.tar")):
+            assert read_index(url) == sp.build_index(url)  # fresh, not stale
         assert len(_read(str(tmp_path / "t-*.tar"))) == len(KEYS)  # not 2 × as many
 
 
@@ -546,3 +554,119 @@ def test_index_and_inspect_show_progress_when_asked(
         assert f"\r{command}: " in err and "/3 " in err  # the bar, on stderr
         status, _, err = _run(capsys, command, pattern)
         assert (status, err) == (0, "")  # not a terminal: no bar
+
+
+class TestLabelsCannotShift:
+    """Every way a split's labels could come out shifted from another's (issue 24 §1)."""
+
+    @staticmethod
+    def _split(root: str, dest: Path, classes: list[str]) -> str:
+        for name in classes:
+            shutil.copytree(Path(root) / name, dest / name)
+        return str(dest)
+
+    def test_a_split_missing_a_class_takes_the_list_beside_its_shards(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, source: tuple[str, Any]
+    ) -> None:
+        """val/ lacks ant: written beside train's shards, mole is 1 and zebra 2, as in train."""
+        root, _ = source
+        assert _run(capsys, "write", root, str(tmp_path / "out/train-%03d.tar"))[0] == 0
+        val = self._split(root, tmp_path / "val", ["mole", "zebra"])
+        status, out, _ = _run(capsys, "write", val, str(tmp_path / "out/val-%03d.tar"))
+        assert status == 0
+        assert f"the labels of {tmp_path / 'out/train-classes.json'}" in out
+        back = _read(str(tmp_path / "out/val-*.tar"))
+        assert {key: int(s["cls"]) for key, s in back.items()} == {
+            key: label for key, (_, label) in KEYS.items() if key.split("/")[0] != "ant"
+        }
+        listing = json.loads((tmp_path / "out/val-classes.json").read_text())
+        assert listing == {"classes": ["ant", "mole", "zebra"]}  # train's, whole
+
+    def test_written_first_then_the_bigger_split_is_refused(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, source: tuple[str, Any]
+    ) -> None:
+        """val/ written first (2 classes), then train/ with a third beside it: refused."""
+        root, _ = source
+        val = self._split(root, tmp_path / "val", ["mole", "zebra"])
+        assert _run(capsys, "write", val, str(tmp_path / "out/val-%03d.tar"))[0] == 0
+        status, _, err = _run(capsys, "write", root, str(tmp_path / "out/train-%03d.tar"))
+        assert status == 1
+        assert "class folder(s) 'ant' not in the class list" in err
+        assert "val-classes.json" in err and "--new-classes" in err and "--classes" in err
+        assert not list((tmp_path / "out").glob("train-*.tar"))  # nothing written
+        status, _, _ = _run(capsys, "write", root, str(tmp_path / "out/train-%03d.tar"),
+                            "--new-classes")  # fmt: skip
+        assert status == 0  # its own folders, when asked
+        labels = {int(s["cls"]) for s in _read(str(tmp_path / "out/train-*.tar")).values()}
+        assert labels == {0, 1, 2}
+
+    def test_class_lists_that_disagree_are_refused(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, source: tuple[str, Any]
+    ) -> None:
+        root, _ = source
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out/a-classes.json").write_text('{"classes": ["ant", "mole", "zebra"]}')
+        (tmp_path / "out/b-classes.json").write_text('{"classes": ["zebra", "mole", "ant"]}')
+        status, _, err = _run(capsys, "write", root, str(tmp_path / "out/c-%03d.tar"))
+        assert status == 1
+        assert "the class lists beside" in err and "differ" in err
+
+    def test_hidden_folders_are_not_classes(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, source: tuple[str, Any]
+    ) -> None:
+        """A .ipynb_checkpoints folder (with an image in it) would be class 0 and shift all."""
+        root, _ = source
+        _write(f"{root}/.ipynb_checkpoints/x.png", _image(1, "png"))
+        _write(f"{root}/ant/._mac.jpg", b"AppleDouble, not an image")
+        status, out, _ = _run(capsys, "write", root, str(tmp_path / "out/t-%03d.tar"))
+        assert status == 0
+        back = _read(str(tmp_path / "out/t-*.tar"))
+        assert {key: int(s["cls"]) for key, s in back.items()} == {
+            key: label for key, (_, label) in KEYS.items()
+        }
+        assert "(3 classes)" in out
+
+
+class TestWriteChecksImages:
+    """``shardpipes write`` decodes every image first (issue 24 §4)."""
+
+    BAD = {"ant/cut.jpg": "truncated", "mole/text.jpg": "text", "zebra/empty.png": "empty"}
+
+    @pytest.fixture
+    def broken(self, source: tuple[str, Any]) -> str:
+        root, _ = source
+        whole = _image(5, "jpg")
+        _write(f"{root}/ant/cut.jpg", whole[: len(whole) // 2])
+        _write(f"{root}/mole/text.jpg", b"this is a text file, named .jpg")
+        _write(f"{root}/zebra/empty.png", b"")
+        return root
+
+    def test_refused_by_default_naming_the_file(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, broken: str
+    ) -> None:
+        status, _, err = _run(capsys, "write", broken, str(tmp_path / "out/t-%03d.tar"))
+        assert status == 1
+        assert re.search(r"(cut|text|empty)\.(jpg|png)", err) and "--handler warn" in err
+        assert not list(tmp_path.glob("out/t-*.tar"))  # the shard being written is removed
+
+    @pytest.mark.parametrize("handler", ["warn", "ignore"])
+    def test_skipped_when_asked(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, broken: str, handler: str
+    ) -> None:
+        status, out, err = _run(capsys, "write", broken, str(tmp_path / "out/t-%03d.tar"),
+                                "--handler", handler)  # fmt: skip
+        assert status == 0
+        assert set(_read(str(tmp_path / "out/t-*.tar"))) == set(KEYS)  # the good ones only
+        assert "skipped 3 images that do not decode" in out
+        warned = {name for name in self.BAD if name.split("/")[1] in err}
+        assert warned == (set(self.BAD) if handler == "warn" else set())
+        assert "<_io.BytesIO" not in err
+
+    def test_no_check_copies_them(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, broken: str
+    ) -> None:
+        status, _, _ = _run(capsys, "write", broken, str(tmp_path / "out/t-%03d.tar"),
+                            "--no-check", "--no-index")  # fmt: skip
+        assert status == 0
+        assert len(_read(str(tmp_path / "out/t-*.tar"))) == len(KEYS) + 3
+        assert not list(tmp_path.glob("out/*.idx"))

@@ -1,34 +1,52 @@
-"""Every ```python block of README.md runs, as written, on realistic shards.
+"""Every ```python block of README.md and of docs/*.md runs, as written, on realistic shards.
 
-Each block is parsed out of README.md when the tests are collected and run as its own case
-(id: the line of its first statement and its section), in a fresh namespace, after these
+Each block is parsed out of its page when the tests are collected and run as its own case
+(id: the page, the line of its first statement and its section), in a fresh module (so a
+function it defines pickles, as a script's does) and a fresh working folder, after these
 rewrites of its syntax tree (nothing else is changed):
 
 - shard paths: ``data/…`` and ``out/…`` become the shards of `tests.realdata` in a tmp
-  folder, ``new/…`` (shards a block writes) a folder of its own under tmp_path; ``s3://``, ``gs://``, ``az://`` and ``https://`` ones the same shards uploaded to
-  the loopback servers of ``tests/cloud`` (``https`` becomes ``http``). A brace range is
+  folder, ``new/…`` (shards a block writes) a folder of its own under tmp_path;
+  ``s3://``, ``gs://``, ``az://`` and ``https://`` ones the same shards uploaded to the
+  loopback servers of ``tests/cloud`` (``https`` becomes ``http``). A brace range is
   rewritten to the real shard count unless it lies within it (two sources of a mix take
   disjoint ranges of the real shards), a glob is kept. ``storage_options=`` on a call whose
   URL is rewritten gets that server's options. Any other ``.tar`` or absolute path fails.
 - ``num_workers=N`` becomes ``min(N, 2)`` (2 cores).
 - ``for … in loader:`` records what the loop saw; ``pipe = …`` records each pipe built.
 
+A block after a ```sh block of ``shardpipes write SRC out/…`` in the same section (the
+README's quickstart) reads what the command wrote: the test makes an image folder at
+``SRC`` (JPEGs of photos' sizes and modes, one sub-folder per class), runs the command,
+and points ``out/…`` at its shards instead. A block that calls ``init_process_group`` runs
+as a world of one here (what torchrun sets for one process); `test_ddp_block_under_torchrun`
+runs it on two ranks.
+
 A block that imports ``shardpipes`` is a self-contained example: it must import what it
-uses. Any other block continues the page and starts with the first block's imports. Names a
-block uses without defining them come from `GIVEN`; none else (a ``NameError`` fails).
+uses. Any other block continues its page and starts with the imports of the page's first
+block. A block defines every name it uses (a ``NameError`` fails).
 
 Then real data must have gone through: every pass of a ``for … in loader`` loop (cut into
 passes over the shards where the block has ``cycle_epochs``), else one
 iteration of the block's ``loader``, else one of each pipe it built, must yield each
-sample exactly once (by label: see `tests.realdata`). A block that crashes fails.
+sample exactly once (by label: see `tests.realdata`; after a ``shardpipes write``, each
+class as many times as its folder has images). A block that crashes fails.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import copy
+import inspect
+import json
+import os
+import random
 import re
+import shlex
+import socket
+import subprocess
+import sys
+import types
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,16 +57,11 @@ import pytest
 import torch
 
 from tests.cloud import conftest as cloud
-from tests.realdata import RealShards, build_shards
+from tests.realdata import RealShards, build_shards, random_size, real_image
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MAX_WORKERS = 2
-
-# what a block uses but leaves to the reader; short, and only what some block needs
-GIVEN: dict[str, Any] = {
-    "epochs": 2,  # "for epoch in range(epochs)": two, so set_epoch gets a new order
-    "checkpoint": {},  # the resume block stores the loader state in it
-}
 
 # the folder of shards a block writes (under tmp_path), e.g. "new/train-%06d.tar"
 WRITTEN = "new"
@@ -56,11 +69,16 @@ WRITTEN = "new"
 # absolute paths in blocks, and the folder under tmp_path each one becomes
 LOCAL_PATHS = {"/mnt/nvme/shards": "cache"}
 
-# a shard path as the README writes one: scheme://host/…/train-NAMES.tar or data/…, out/…
+# a shard path as the pages write one: scheme://host/…/train-NAMES.tar or data/…, out/…
 SHARD_PATH = re.compile(
     r"^(?:(?P<scheme>s3|gs|az|https?)://[^/]+/(?:[^/]+/)*|(?:data|out)/)train-(?P<names>[^/]+)\.tar$"
 )
 BRACE_RANGE = re.compile(r"^\{\d+\.\.\d+\}$")
+HEADING = re.compile(r"^#{1,3} (.+)$")
+
+# the image folder made for a `shardpipes write` block: class → number of images
+FOLDER_CLASSES = {"cat": 9, "dog": 14, "fox": 6, "owl": 11}
+JPEGS = (("RGB", ".jpg"), ("L", ".jpeg"), ("CMYK", ".JPEG"))  # (mode, file extension)
 
 # the session fixtures of tests/cloud/conftest.py, here for this module (started on demand)
 aws_test_env = cloud.aws_test_env
@@ -74,21 +92,24 @@ SERVERS |= dict.fromkeys(("http", "https"), "http_server")
 
 @dataclass(frozen=True)
 class Block:
-    """One ```python block of the README."""
+    """One ```python block of a page, and the ``shardpipes write`` commands before it."""
 
-    line: int  # README line of the block's first line of code
+    page: str  # the page's path in the repository: "README.md", "docs/resume.md"
+    line: int  # page line of the block's first line of code
     section: str
     code: str
+    commands: tuple[tuple[str, ...], ...] = ()  # argv of each `shardpipes write` before it
 
     @property
     def id(self) -> str:
-        """``L23-chain-pipes-in-code``."""
-        return f"L{self.line}-" + "-".join(re.findall(r"[a-z0-9]+", self.section.lower()))
+        """``docs/pipes.md:L12-chain-pipes``."""
+        slug = "-".join(re.findall(r"[a-z0-9]+", self.section.lower()))
+        return f"{self.page}:L{self.line}-{slug}"
 
     @property
     def tree(self) -> ast.Module:
-        """The parsed code, its line numbers those of the README."""
-        return ast.increment_lineno(ast.parse(self.code, str(README)), self.line - 1)
+        """The parsed code, its line numbers those of the page."""
+        return ast.increment_lineno(ast.parse(self.code, str(ROOT / self.page)), self.line - 1)
 
     @property
     def schemes(self) -> set[str]:
@@ -114,26 +135,48 @@ def string_constants(tree: ast.AST) -> list[str]:
     ]
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """The ```python blocks of a Markdown text, with their line and ``##`` section."""
+def write_commands(lines: list[str]) -> list[tuple[str, ...]]:
+    """The ``shardpipes write …`` command lines of a ```sh block, split as the shell does."""
+    argvs = (shlex.split(line, comments=True) for line in lines)
+    return [tuple(argv) for argv in argvs if argv[:2] == ["shardpipes", "write"]]
+
+
+def page_blocks(page: str, text: str) -> list[Block]:
+    """The ```python blocks of a Markdown page, with their line and section heading.
+
+    A ```sh block's ``shardpipes write`` commands go with the next python block of its
+    section.
+    """
     blocks: list[Block] = []
     code: list[str] = []
-    section, start = "", 0
+    commands: list[tuple[str, ...]] = []
+    section, start, fence = "", 0, ""
     for number, line in enumerate(text.splitlines(), start=1):
-        if start:
-            if line.strip() == "```":
-                blocks.append(Block(start, section, "\n".join(code) + "\n"))
-                start, code = 0, []
+        if fence and line.strip() != "```":
+            code.append(line)
+        elif fence:
+            if fence == "python":
+                blocks.append(Block(page, start, section, "\n".join(code) + "\n", tuple(commands)))
+                commands = []
             else:
-                code.append(line)
-        elif line.startswith("## "):
-            section = line[3:]
-        elif line.strip() == "```python":
-            start = number + 1
+                commands += write_commands(code)
+            fence, code = "", []
+        elif heading := HEADING.match(line):
+            section, commands = heading[1], []
+        elif line.strip() in ("```python", "```sh"):
+            fence, start = line.strip()[3:], number + 1
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+def pages() -> list[Block]:
+    """The python blocks of README.md and of every docs page."""
+    blocks = []
+    for path in PAGES:
+        blocks += page_blocks(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8"))
+    return blocks
+
+
+BLOCKS = pages()
 
 
 def case(block: Block) -> Any:
@@ -224,6 +267,13 @@ def hook(name: str, value: ast.expr) -> ast.Call:
     return ast.Call(ast.Name(name, ast.Load()), [value], [])
 
 
+def rewritten(block: Block, rewriter: Rewriter) -> ast.Module:
+    """The block's tree after `Rewriter`; fails on a path the harness cannot map."""
+    tree = ast.fix_missing_locations(rewriter.visit(block.tree))
+    assert not rewriter.unknown, f"paths the harness cannot map: {rewriter.unknown}"
+    return tree
+
+
 @contextlib.contextmanager
 def served(request: pytest.FixtureRequest, scheme: str, shards: RealShards) -> Iterator[Any]:
     """The shards on the loopback server for ``scheme``: (base URL, storage_options)."""
@@ -237,10 +287,11 @@ def served(request: pytest.FixtureRequest, scheme: str, shards: RealShards) -> I
         yield f"{scheme}://{bucket}", server.storage_options
 
 
-def run_page_imports(namespace: dict[str, Any]) -> None:
-    """Run the first block's imports in ``namespace`` (what a reader of the page has)."""
-    imports = [n for n in BLOCKS[0].tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    exec(compile(ast.Module(imports, []), str(README), "exec"), namespace)
+def run_page_imports(block: Block, namespace: dict[str, Any]) -> None:
+    """Run the imports of the first block of ``block``'s page (what its reader has)."""
+    first = next(b for b in BLOCKS if b.page == block.page)
+    imports = [n for n in first.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(imports, []), str(ROOT / block.page), "exec"), namespace)
 
 
 def labels_of(item: Any) -> list[int]:
@@ -251,30 +302,86 @@ def labels_of(item: Any) -> list[int]:
     return [int(label)]
 
 
-def assert_epoch(items: list[Any], shards: RealShards, what: str) -> None:
-    """``items`` hold every sample of the shards exactly once."""
-    assert items, f"{what} yielded nothing"
-    got, want = Counter(x for item in items for x in labels_of(item)), Counter(shards.labels)
-    missing, extra = sorted(want - got), sorted(got - want)
+def assert_epoch(labels: list[int], want: Counter[int], what: str) -> None:
+    """``labels`` are ``want``'s: every sample of the shards exactly once."""
+    assert labels, f"{what} yielded nothing"
+    got = Counter(labels)
+    missing, extra = sorted((want - got).elements()), sorted((got - want).elements())
     assert not missing and not extra, f"{what}: missing labels {missing}, extra {extra}"
 
 
-def epochs_of(
-    loops: list[list[Any]], shards: RealShards, *, passes: bool = False
-) -> list[list[Any]]:
-    """The loops' items cut into epochs (a loop left early and the one resuming it are one).
+def epochs_of(loops: list[list[Any]], total: int, *, passes: bool = False) -> list[list[int]]:
+    """The labels of the loops' items cut into epochs of ``total`` samples.
 
-    With ``passes`` (a block with ``cycle_epochs``), a loop is cut too, after each item that
-    completes a pass over the shards.
+    A loop left early and the one resuming it are one epoch. With ``passes`` (a block with
+    ``cycle_epochs``), a loop is cut too, after each item that completes a pass.
     """
-    epochs, current = [], []
+    epochs: list[list[int]] = []
+    current: list[int] = []
     for items in loops:
-        for item in items if passes else [items]:
-            current += [item] if passes else item
-            if sum(len(labels_of(x)) for x in current) >= len(shards.labels):
+        labels = [labels_of(x) for x in items]
+        for chunk in labels if passes else [[x for item in labels for x in item]]:
+            current += chunk
+            if len(current) >= total:
                 epochs.append(current)
                 current = []
     return [*epochs, current] if current else epochs
+
+
+def make_image_folder(root: Path, seed: int = 0) -> Counter[int]:
+    """Write `FOLDER_CLASSES` as ``root/<class>/<n>.jpg`` (and ``.jpeg``, ``.JPEG``).
+
+    JPEGs of 40 to 300 px a side, landscape and portrait, in RGB, grayscale and CMYK, at
+    qualities 70–95. Returns how many images each label has (classes sorted by name).
+    """
+    rng = random.Random(seed)
+    index = 0
+    for name, count in FOLDER_CLASSES.items():
+        (root / name).mkdir(parents=True)
+        for _ in range(count):
+            mode, suffix = JPEGS[index % len(JPEGS)]
+            image = real_image(rng, mode, random_size(rng, index))
+            image.save(root / name / f"{index:04d}{suffix}", "JPEG", quality=rng.randint(70, 95))
+            index += 1
+    return Counter(
+        {label: FOLDER_CLASSES[name] for label, name in enumerate(sorted(FOLDER_CLASSES))}
+    )
+
+
+def run_write(argv: tuple[str, ...], cwd: Path) -> Counter[int]:
+    """Make the image folder ``argv`` reads, run ``shardpipes write``; the labels' counts."""
+    assert argv[3].startswith("out/"), f"{argv}: the block reads out/…, so the command writes it"
+    counts = make_image_folder(cwd / argv[2])
+    command = [sys.executable, "-m", "shardpipes", *argv[1:]]
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"{shlex.join(argv)}: {done.stderr[-4000:]}"
+    assert sorted((cwd / "out").glob("train-*.tar")), f"{shlex.join(argv)} wrote no shards"
+    return counts
+
+
+def script_namespace(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A fresh module's namespace, importable while the test runs, as a script's is.
+
+    So a function a block defines pickles by reference, as it would in ``__main__``.
+    """
+    module = types.ModuleType("readme_block")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.__dict__
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def one_rank_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment torchrun gives a job of one process, on loopback."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="module")
@@ -283,37 +390,126 @@ def real_shards(tmp_path_factory: pytest.TempPathFactory) -> RealShards:
     return build_shards(tmp_path_factory.mktemp("readme") / "data")
 
 
+def test_every_page_is_collected() -> None:
+    """Every ```python block of every page is a case; the quickstart writes, then reads."""
+    for path in PAGES:
+        fences = path.read_text(encoding="utf-8").count("\n```python\n")
+        page = str(path.relative_to(ROOT))
+        assert len([b for b in BLOCKS if b.page == page]) == fences, page
+    assert [b.section for b in BLOCKS if b.commands] == ["Quickstart"]
+    assert BLOCKS[0].page == "README.md"
+    assert BLOCKS[0].commands
+
+
 @pytest.mark.parametrize("block", [case(b) for b in BLOCKS])
 def test_readme_block(
-    block: Block, real_shards: RealShards, tmp_path: Path, request: pytest.FixtureRequest
+    block: Block,
+    real_shards: RealShards,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The block runs as written, and each epoch it reads holds every sample once."""
+    monkeypatch.chdir(tmp_path)
+    want = Counter(real_shards.labels)
     with contextlib.ExitStack() as stack:
         bases, options = {"local": str(real_shards.folder)}, {}
+        for argv in block.commands:  # the shards a command writes are what the block reads
+            want, bases["local"] = run_write(argv, tmp_path), str(tmp_path / "out")
         for scheme in sorted(block.schemes):
             bases[scheme], options[scheme] = stack.enter_context(
                 served(request, scheme, real_shards)
             )
-        rewriter = Rewriter(bases, len(real_shards.paths), tmp_path)
-        tree = ast.fix_missing_locations(rewriter.visit(block.tree))
-        assert not rewriter.unknown, f"paths the harness cannot map: {rewriter.unknown}"
+        tree = rewritten(block, Rewriter(bases, len(real_shards.paths), tmp_path))
         recorder = Recorder()
-        namespace = {**copy.deepcopy(GIVEN), "_readme_options": options}
+        namespace = script_namespace(monkeypatch)
+        namespace |= {"_readme_options": options}
         namespace |= {"_readme_pipe": recorder.pipe, "_readme_seen": recorder.seen}
         if not block.imports_shardpipes:
-            run_page_imports(namespace)
-        exec(compile(tree, str(README), "exec"), namespace)
+            run_page_imports(block, namespace)
+        if "init_process_group(" in block.code:
+            one_rank_world(monkeypatch)
+            stack.callback(destroy_process_group)
+        exec(compile(tree, str(ROOT / block.page), "exec"), namespace)
 
+        total = want.total()
         if recorder.loops:
             passes = "cycle_epochs(" in block.code
-            epochs = epochs_of(recorder.loops, real_shards, passes=passes)
+            epochs = epochs_of(recorder.loops, total, passes=passes)
             if passes:
                 assert len(epochs) > 1, "a cycling block's loop read no second pass"
-            for n, items in enumerate(epochs, start=1):
-                assert_epoch(items, real_shards, f"epoch {n} of the block's loops")
+            for n, labels in enumerate(epochs, start=1):
+                assert_epoch(labels, want, f"epoch {n} of the block's loops")
         elif "loader" in namespace:
-            assert_epoch(list(namespace["loader"]), real_shards, "the block's loader")
+            labels = [x for item in namespace["loader"] for x in labels_of(item)]
+            assert_epoch(labels, want, "the block's loader")
         else:
             assert recorder.pipes, "the block builds neither a loader nor a pipe"
             for n, pipe in enumerate(recorder.pipes, start=1):
-                assert_epoch(list(pipe), real_shards, f"pipe {n} of the block")
+                labels = [x for item in pipe for x in labels_of(item)]
+                assert_epoch(labels, want, f"pipe {n} of the block")
+
+
+def destroy_process_group() -> None:
+    """Leave no process group behind a block (one that crashed did not destroy its own)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+# what the DDP block runs with under torchrun: the harness's hooks, and a report per rank
+RANK_PRELUDE = f"""
+import json
+import os
+from typing import Any
+
+import torch
+
+{inspect.getsource(labels_of)}
+
+_readme_options = {{}}
+_readme_loops = []
+
+
+def _readme_pipe(value):
+    return value
+
+
+def _readme_seen(loader):
+    labels = []
+    _readme_loops.append(labels)
+    for item in loader:
+        labels += labels_of(item)
+        yield item
+
+"""
+RANK_REPORT = """
+with open(os.path.join({out!r}, f"rank{{os.environ['RANK']}}.json"), "w") as _f:
+    json.dump({{"world_size": os.environ["WORLD_SIZE"], "loops": _readme_loops}}, _f)
+"""
+
+
+@pytest.mark.slow
+def test_ddp_block_under_torchrun(real_shards: RealShards, tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node=2`` on the DDP block: the ranks share out every epoch."""
+    (block,) = [b for b in BLOCKS if "init_process_group(" in b.code]
+    tree = rewritten(
+        block, Rewriter({"local": str(real_shards.folder)}, len(real_shards.paths), tmp_path)
+    )
+    script = tmp_path / "train.py"
+    script.write_text(RANK_PRELUDE + ast.unparse(tree) + RANK_REPORT.format(out=str(tmp_path)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in reports] == ["2", "2"]
+    epochs = list(zip(*(r["loops"] for r in reports), strict=True))
+    assert len(epochs) == 2, "the block runs two epochs"
+    for n, ranks in enumerate(epochs, start=1):
+        assert all(ranks), f"epoch {n}: a rank read nothing"
+        assert len(ranks[0]) == len(ranks[1]), f"epoch {n}: even=True, yet the ranks differ"
+        assert_epoch([*ranks[0], *ranks[1]], Counter(real_shards.labels), f"epoch {n}")

@@ -178,7 +178,7 @@ def test_an_error_leaves_nothing_half_written(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="stop"):
         stopped()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["w-000.tar"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w-000.tar", "w-000.tar.idx"]
     keys = [s["__key__"] for s in sp.list_shards(str(tmp_path / "w-000.tar")).open_tar()]
     assert keys == ["sample000", "sample001"]
     with pytest.raises(ValueError, match="exactly one integer field"):
@@ -311,3 +311,24 @@ def test_image_tensors_chw_or_hwc(tmp_path: Path) -> None:
 def test_field_stages_are_exported() -> None:
     assert sp.FieldRenamer.__name__ == "FieldRenamer"
     assert sp.FieldMapper.__name__ == "FieldMapper"
+
+
+def test_sidecars_are_written_by_default(tmp_path: Path) -> None:
+    """Each shard's URL.idx is written beside it: len() is exact on day one (issue 24 §5)."""
+    from torch.utils.data import DataLoader
+
+    with sp.ShardWriter(str(tmp_path / "w-%03d.tar"), maxcount=3) as sink:
+        for sample in samples():  # 5, in shards of 3 and 2
+            sink.write(sample)
+    urls = [shard.url for shard in sink.shards]
+    for url in urls:
+        assert sp.read_index(url) == sp.build_index(url)
+    pipe = sp.recipes.tar_shards(str(tmp_path / "w-*.tar"), fields=("__key__",), batch_size=2)
+    loader = DataLoader(pipe, batch_size=None, num_workers=0)
+    assert len(loader) == sum(1 for _ in loader) == 3  # 5 samples in batches of 2
+    with sp.TarWriter(str(tmp_path / "one.tar")) as one:
+        one.write(samples()[0])
+    assert sp.read_index(str(tmp_path / "one.tar")) == sp.build_index(str(tmp_path / "one.tar"))
+    with sp.ShardWriter(str(tmp_path / "x-%03d.tar"), index=False) as bare:
+        bare.write(samples()[0])
+    assert sorted(p.name for p in tmp_path.glob("x-*")) == ["x-000.tar"]

@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import pickle
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
@@ -51,6 +52,7 @@ __all__ = [
     "decode_value",
     "decoder_for",
     "default_decoders",
+    "described",
     "located",
 ]
 
@@ -489,6 +491,22 @@ def located(exc: Exception, sample: Mapping[str, Any], field: str) -> DecodeErro
     if isinstance(exc, DecodeError):
         problem, cls = exc.problem, type(exc)
     else:
-        problem, cls = f"cannot decode {field!r}: {type(exc).__name__}: {exc}", DecodeError
+        problem, cls = (
+            f"cannot decode {field!r}: {type(exc).__name__}: {described(exc)}",
+            DecodeError,
+        )
     offset = getattr(sample, "offset", None)  # a ShardSample knows where it starts
     return cls(problem, url=sample.get("__url__"), member=member, key=key, offset=offset)
+
+
+_OBJECT = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def described(exc: BaseException) -> str:
+    """``str(exc)`` without the reprs of objects in it (Pillow names its ``BytesIO``).
+
+    Example:
+        >>> described(OSError("cannot identify image file <_io.BytesIO object at 0x7f01>"))
+        'cannot identify image file'
+    """
+    return _OBJECT.sub("", str(exc))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shardpipes._core.decoders import IMAGE_EXTENSIONS
 from shardpipes._core.samples import SampleTuple
 from shardpipes.errors import MissingFieldError
 
-__all__ = ["Alternatives", "parse_fields", "pick", "pick_tuple"]
+__all__ = ["Alternatives", "either", "parse_fields", "pick", "pick_tuple"]
 
 Alternatives = tuple[tuple[str, ...], ...]  # each field's names, in order of preference
 
@@ -55,13 +56,30 @@ def pick(sample: Mapping[str, Any], alternatives: tuple[str, ...]) -> str:
             return name
     wanted = " or ".join(repr(name) for name in alternatives)
     present = sorted(name for name in sample if not name.startswith("__"))
-    problem = f"no field {wanted}; the sample has {present}"
+    problem = f"no field {wanted}; the sample has {present}{either(alternatives, present)}"
     raise MissingFieldError(
         problem,
         url=sample.get("__url__"),
         key=sample.get("__key__"),
         offset=getattr(sample, "offset", None),  # a ShardSample knows where it starts
     )
+
+
+def either(wanted: Sequence[str], present: Sequence[str]) -> str:
+    """A hint, when samples hold one image field under different names (a PNG among JPEGs).
+
+    Example:
+        >>> either(["jpg"], ["cls", "png"])
+        "; images come as jpg or png: name both, 'jpg;png' (e.g. .rename_fields(image='jpg;png'))"
+    """
+    if not any(name in IMAGE_EXTENSIONS for name in wanted):
+        return ""
+    others = [name for name in present if name in IMAGE_EXTENSIONS and name not in wanted]
+    if not others:
+        return ""
+    names = ";".join(dict.fromkeys([*wanted, *others]))
+    shown = " or ".join(names.split(";"))
+    return f"; images come as {shown}: name both, {names!r} (e.g. .rename_fields(image={names!r}))"
 
 
 def pick_tuple(sample: Mapping[str, Any], fields: Alternatives) -> SampleTuple:

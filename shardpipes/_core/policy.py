@@ -63,7 +63,7 @@ class Stats:
             after reading, by ``decode``, ``to_tuple``…).
         errors: Errors the handler skipped (each one bad member, sample or shard).
         skipped: Those errors by reason (:data:`REASONS`), zeros left out.
-        shards: Shards (or shard parts) opened.
+        shards: Shards opened: a shard that several workers read in parts counts once.
         shards_failed: Shards abandoned before their end (unreadable, truncated).
     """
 
@@ -88,9 +88,11 @@ class Stats:
     def __str__(self) -> str:
         why = ", ".join(f"{k} {v}" for k, v in self.skipped.items())
         return (
-            f"{self.yielded} samples yielded of {self.read} read; {self.errors} skipped"
+            f"{self.yielded} {_samples(self.yielded)} yielded of {self.read} read; "
+            f"{self.errors} skipped"
             + (f" ({why})" if why else "")
-            + f"; {self.shards} shards, {self.shards_failed} failed"
+            + f"; {self.shards} shard{'' if self.shards == 1 else 's'}, "
+            f"{self.shards_failed} failed"
         )
 
 
@@ -275,3 +277,7 @@ def _budget_problem(
     over = f"max_errors={budget}" if seen is None else f"max_errors={budget} of {seen} items"
     tail = f"; the last: {last}" if last is not None else ""
     return f"{errors} errors skipped this epoch, over {over}{tail}"
+
+
+def _samples(n: int) -> str:
+    return "sample" if n == 1 else "samples"

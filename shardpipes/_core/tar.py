@@ -325,6 +325,31 @@ _GO_ON = -4  # nothing was lost (a lone zero block): read the next header
 # n >= 0: skip n bytes (the member's padded data), then read the next header
 
 
+_TAR_NAMES = (".tar", ".tar.gz", ".tgz")
+
+
+_NO_HEADER = frozenset(
+    ("truncated header", "bad header checksum", "bad header: a numeric field is not octal")
+)
+
+
+def _no_header(error: TarFormatError) -> bool:
+    """Whether ``error`` says a block is no tar header at all (not a tar's own fault)."""
+    return error.problem in _NO_HEADER
+
+
+def _not_a_tar(error: TarFormatError, url: str) -> TarFormatError:
+    """The error of a stream whose very first header is bad: it is likely no tar at all."""
+    name = url.rstrip("/").rpartition("/")[2]
+    hint = ""
+    if not name.lower().endswith(_TAR_NAMES):
+        hint = f"; is {name!r} a shard? A glob such as 'train-*.tar' matches tar files only"
+    msg = f"not a tar archive: no tar header at its start ({error.problem}){hint}"
+    found = TarFormatError(msg, url=url, member=error.member, offset=0)
+    found.__cause__ = error.__cause__
+    return found
+
+
 class _BadMember(Exception):  # noqa: N818 - internal control flow, never escapes
     """A bad member, and how to go on past it."""
 
@@ -448,6 +473,8 @@ def _members(
             yield Member(name, data, member_start, reader.tell())
         except (_BadMember, TarFormatError) as exc:
             bad = exc if isinstance(exc, _BadMember) else _BadMember(exc, _SCAN)  # a bad header
+            if pos == 0 and bad.error.offset == 0 and _no_header(bad.error):
+                bad.error = _not_a_tar(bad.error, url)
             if on_error is None:
                 raise bad.error from bad.error.__cause__
             fatal = bad.then == _STOP or (bad.then == _SCAN and not _scan(reader))

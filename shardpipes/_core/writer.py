@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import IO, Any, NamedTuple
 
+from shardpipes._core.index import dump_index
+
 __all__ = [
     "ShardInfo",
     "TarShardWriter",
@@ -233,6 +235,8 @@ class TarShardWriter:
         remove: Called with a shard's URL to delete it: the shard being written when the
             ``with`` block raises (``None``: its stream is closed and left).
         single: ``pattern`` is one archive's URL, with no limits.
+        index: Write each shard's ``URL.idx`` sidecar (its samples' byte ranges, see
+            :mod:`shardpipes._core.index`) through ``opener`` once the shard is finished.
 
     Attributes:
         shards: A :class:`ShardInfo` for every shard finished so far, in order.
@@ -257,9 +261,11 @@ class TarShardWriter:
         max_samples: int | None = None,
         remove: Callable[[str], object] | None = None,
         single: bool = False,
+        index: bool = False,
     ) -> None:
         self.pattern = pattern if single else check_pattern(pattern)
         self.single = single
+        self.index = bool(index)
         self.remove = remove
         self.first = 0  # the number of the first shard
         self.post: Callable[[ShardInfo], object] | None = None  # called as each one is finished
@@ -279,6 +285,7 @@ class TarShardWriter:
         self._url = ""
         self._count = 0
         self._size = 0
+        self._ranges: list[tuple[int, int]] = []  # each sample's bytes in the shard
         self._last_key: str | None = None
 
     @property
@@ -308,6 +315,7 @@ class TarShardWriter:
             self._url = self.pattern if self.single else self.pattern % number
             self._stream = self.opener(self._url)
         self._stream.write(data)
+        self._ranges.append((self._size, self._size + len(data)))
         self._count += 1
         self._size += len(data)
         self._last_key = key
@@ -326,8 +334,11 @@ class TarShardWriter:
         finally:
             stream.close()
         finished = ShardInfo(self._url, self._count, self._size + len(_TRAILER))
+        if self.index:
+            with contextlib.closing(self.opener(self._url + ".idx")) as sidecar:
+                sidecar.write(dump_index(self._ranges, finished.size))
         self.shards.append(finished)
-        self._count, self._size, self._last_key = 0, 0, None
+        self._count, self._size, self._last_key, self._ranges = 0, 0, None, []
         if self.post is not None:
             self.post(finished)
 
@@ -350,7 +361,7 @@ class TarShardWriter:
                 stream.close()
             if self.remove is not None:
                 self.remove(self._url)
-        self._count, self._size, self._last_key = 0, 0, None
+        self._count, self._size, self._last_key, self._ranges = 0, 0, None, []
         self.closed = True
 
     def __enter__(self) -> TarShardWriter:

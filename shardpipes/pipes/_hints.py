@@ -60,7 +60,7 @@ def install() -> None:
                 raise
             msg = (
                 f"'{type(self).__name__}' object has no attribute '{name}': with shardpipes, "
-                f'use {hint} (README: "Coming from webdataset or torchdata 0.9")'
+                f"use {hint} (see docs/migrating.md)"
             )
             raise AttributeError(msg) from None
 

@@ -57,11 +57,16 @@ def loader_length(pipe: Any, num_workers: int) -> int:
 
     world, rank = distributed()
     workers = max(1, num_workers)
+    if world == 1:  # every worker of the split: a sum that the shard order cannot change
+        return worker_length(pipe, workers, None)
     return sum(worker_length(pipe, workers * world, w * world + rank) for w in range(workers))
 
 
-def worker_length(pipe: Any, total: int, worker: int) -> int:
+def worker_length(pipe: Any, total: int, worker: int | None) -> int:
     """Items ``pipe`` yields in an epoch for global worker ``worker`` of ``total``.
+
+    ``worker=None``: summed over all ``total`` workers, which for samples (not batches)
+    does not depend on the shard order, so it needs no seed.
 
     Raises:
         TypeError: The length is not known (the message says why).
@@ -74,7 +79,14 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
     from shardpipes.pipes.stream import ShardStream
     from shardpipes.pipes.tar import TarOpener
 
+    if worker is None and (
+        isinstance(pipe, SampleLimiter | Batcher)
+        or (isinstance(pipe, ShardStream) and pipe.batch_size is not None)
+        or (isinstance(pipe, Mixer) and pipe.epoch_size is not None)
+    ):  # each worker's own count
+        return sum(worker_length(pipe, total, w) for w in range(total))
     if isinstance(pipe, SampleLimiter):
+        assert worker is not None
         if pipe.resumed(upcoming=False):  # the rest of a resumed epoch: not cut
             return worker_length(pipe.source_datapipe, total, worker)
         quota = pipe.quota(total, worker)
@@ -92,6 +104,7 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
         if pipe.resample:
             no_length(pipe, "resample=True: its epoch never ends")
         if pipe.epoch_size is not None:
+            assert worker is not None
             return pipe._quota(total, worker)  # type: ignore[return-value]
         return sum(
             worker_length(source, total, worker)
@@ -109,6 +122,7 @@ def worker_length(pipe: Any, total: int, worker: int) -> int:
     ):
         return worker_length(pipe.source_datapipe, total, worker)
     if isinstance(pipe, Batcher):
+        assert worker is not None
         n = worker_length(pipe.datapipe, total, worker)
         return _batches(n, pipe.batch_size, pipe.drop_last)
     if isinstance(pipe, Mapper):  # map, collate: one item out per item in
@@ -140,26 +154,38 @@ def _batches(n: int, size: int, drop_last: bool) -> int:
     return n // size if drop_last else math.ceil(n / size)
 
 
-def split_samples(stage: Any, source: Any, total: int, worker: int) -> int:
+def split_samples(stage: Any, source: Any, total: int, worker: int | None) -> int:
     """Samples the ``split_shards`` stage ``source`` gives ``worker`` of ``total`` to read.
 
     Counted as the reading stage ``stage`` reads the parts: a part of a shard it streams
-    (not indexed, or compressed) is every ``m``-th sample, not a block.
+    (not indexed, or compressed) is every ``m``-th sample, not a block. ``worker=None``:
+    summed over every worker, which no shard order changes.
     """
-    from shardpipes._core.elastic import part_indices
     from shardpipes.pipes.shards import ShardSplitter
 
     if not isinstance(source, ShardSplitter):
         no_length(stage, "its shards are not split by split_shards")
     urls = list(iter(source.source_datapipe))
     counts = shard_counts(stage, source, urls)
-    if source.shuffle_shards and not source.even and source.seed is None and len(set(counts)) > 1:
+    if worker is None:
+        return sum(_worker_samples(stage, source, urls, counts, total, w) for w in range(total))
+    seeded = not source.shuffle_shards or source.even or source.seed is not None
+    if total > 1 and not seeded and len(set(counts)) > 1:
         no_length(
             stage,
             "with shards of different sample counts, what each worker reads depends on the "
             "shard order, from the DataLoader's seed: give split_shards (or the recipe) a "
             "seed=, or even=True, for an exact len()",
         )
+    return _worker_samples(stage, source, urls, counts, total, worker)
+
+
+def _worker_samples(
+    stage: Any, source: Any, urls: list[str], counts: list[int], total: int, worker: int
+) -> int:
+    """Samples global worker ``worker`` reads (see :func:`split_samples`)."""
+    from shardpipes._core.elastic import part_indices
+
     resumed = source.resumed_units()
     if resumed is not None:  # the rest of an epoch resumed from another topology
         parts = source.parts_for(

@@ -20,7 +20,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-__all__ = ["ChainState", "SampleStage", "functional_form", "graph_pipes", "upstream"]
+__all__ = ["ChainState", "Functions", "SampleStage", "functional_form", "graph_pipes", "upstream"]
 
 # torch's traverse_dps sets a class-wide pickling hook while it runs: two threads of one
 # process traversing at once (a prefetch_items thread taking a snapshot, the worker taking
@@ -117,3 +117,27 @@ def upstream(source: IterDataPipe[Any], wanted: frozenset[str] | None = None) ->
     if isinstance(source, SampleStage):
         return source._stream(wanted)
     return iter(source)
+
+
+class Functions:
+    """A stage's functions by name (decoders, field functions), held out of torch's graph walk.
+
+    torch's traversal (``apply_sharding``, ``apply_random_seed``, run by every
+    ``DataLoader``) pickles a pipe's ``dict`` attributes, which fails on a lambda; this
+    holder is not a collection, so the walk passes it by. It pickles as a dict does
+    (``spawn`` workers need functions that pickle, as for any pipe).
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: dict[str, Any]) -> None:
+        self.items = items
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.items
+
+    def __setstate__(self, items: dict[str, Any]) -> None:
+        self.items = items
+
+    def __repr__(self) -> str:
+        return repr(self.items)

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from shardpipes._core.fields import either
 from shardpipes._core.samples import SampleTuple, ShardSample
 
 __all__ = ["Batch", "BatchDict", "collate_samples"]
@@ -126,7 +127,8 @@ def collate_samples(batch: Sequence[Any]) -> Any:
     first = batch[0]
     if isinstance(first, Mapping):
         for sample in batch:
-            _check_same(set(first), set(sample), "fields")
+            if set(sample) != set(first):
+                raise ValueError(_other_fields(sorted(first), sorted(sample)))
         return BatchDict(
             {field: _collate_field(field, [s[field] for s in batch]) for field in first}
         )
@@ -137,6 +139,16 @@ def collate_samples(batch: Sequence[Any]) -> Any:
             _collate_field(i, list(column)) for i, column in enumerate(zip(*batch, strict=True))
         )
     return default_collate(list(batch))
+
+
+def _other_fields(expected: list[str], got: list[str]) -> str:
+    """The error of a batch whose samples hold different fields, with the way out."""
+    msg = f"samples of one batch must have the same fields (got {expected} and {got})"
+    lacking = [name for name in expected if name not in got]
+    hint = either(lacking, got) if lacking else ""
+    if hint:
+        return msg + hint + " before .batch()"
+    return msg
 
 
 def _check_same(expected: object, got: object, what: str) -> None:

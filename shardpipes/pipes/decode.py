@@ -23,7 +23,7 @@ from shardpipes._core.handlers import Handler, check_handler
 from shardpipes._core.steps import guarded
 from shardpipes.errors import UnsafeDataError
 from shardpipes.pipes._length import source_length
-from shardpipes.pipes._stage import SampleStage, functional_form, upstream
+from shardpipes.pipes._stage import Functions, SampleStage, functional_form, upstream
 from shardpipes.pipes.fields import takes_samples
 
 __all__ = ["SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
@@ -101,12 +101,12 @@ class SampleDecoder(SampleStage):
         self.handler = check_handler(handler)
         check_allow_pickle(allow_pickle)
         self.allow_pickle = allow_pickle
-        self.overrides = dict(overrides or {})
-        self.decoders = decoders
+        self.overrides = Functions(dict(overrides or {}))  # lambdas: not in torch's graph walk
+        self.decoders = Functions(decoders)
         self._decoding = Decoding(
             decoder_table(
                 image, resize=resize, crop=crop, allow_pickle=allow_pickle,
-                overrides={**self.overrides, **decoders},
+                overrides={**self.overrides.items, **decoders},
             )
         )  # fmt: skip
 

@@ -28,7 +28,7 @@ from shardpipes.pipes._epoch import VERSION, ShardReading, ShuffleBuffer, readin
 from shardpipes.pipes._stage import graph_pipes
 from shardpipes.pipes.decode import SampleDecoder
 from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
-from shardpipes.pipes.flow import SampleLimiter, lone_limit
+from shardpipes.pipes.flow import FORMS, SampleLimiter, lone_limit
 from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Positions, Resumable, mixers
 from shardpipes.pipes.shards import ShardLister, ShardSplitter, _digest, splitters
@@ -133,11 +133,13 @@ def _stages(
     held = Positions(pipe).held
     limiter = lone_limit(held)
     if held and limiter is None:
-        names = ", ".join(sorted({type(stage).__name__ for stage in held}))
+        forms = [FORMS[type(stage)] for stage in held]
+        names = sorted(name for name in set(forms) if name != "limit_samples")
+        if forms.count("limit_samples") > 1:
+            names.append("more than one limit_samples")
         msg = (
-            f"resume_from cannot yet resume a pipeline with {names} (cycle_epochs, "
-            "prefetch_items, more than one limit_samples) on another topology: resume it on "
-            "the same number of ranks and workers (load_state_dict)"
+            f"resume_from cannot yet resume a pipeline with {' and '.join(names)} on another "
+            "topology: resume it on the same number of ranks and workers (load_state_dict)"
         )
         raise ValueError(msg)
     mixes = mixers(pipe)

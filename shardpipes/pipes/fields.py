@@ -12,7 +12,7 @@ from shardpipes._core import steps
 from shardpipes._core.fields import map_fields, parse_fields, pick_tuple, rename
 from shardpipes._core.handlers import Handler, check_handler
 from shardpipes.pipes._length import source_length
-from shardpipes.pipes._stage import SampleStage, functional_form, upstream
+from shardpipes.pipes._stage import Functions, SampleStage, functional_form, upstream
 
 __all__ = ["FieldMapper", "FieldRenamer", "TupleMaker"]
 
@@ -195,11 +195,11 @@ class FieldMapper(SampleStage):
         takes_samples(source_datapipe, "map_fields")
         super().__init__()
         self.source_datapipe = source_datapipe
-        self.functions = dict(functions)
+        self.mapping = Functions(dict(functions))  # lambdas: not in torch's graph walk
         self.handler = check_handler(handler)
 
     def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
-        step = functools.partial(map_fields, functions=self.functions)
+        step = functools.partial(map_fields, functions=self.mapping.items)
         return steps.guarded(upstream(self.source_datapipe), step, self.handler)
 
     def __len__(self) -> int:

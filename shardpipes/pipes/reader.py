@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypedDict
 
 from shardpipes import fs
@@ -47,7 +49,7 @@ class ReadOptions(TypedDict, total=False):
         max_member_bytes: Refuse a member larger than this (1 GiB) before reading it.
         readahead: Bytes of remote shards each reader (one per DataLoader worker) fetches
             ahead of use, the current shard's and the next ones' (``64MiB``; an int or a
-            text such as ``"256MiB"``; 0: none); see "Reading from a bucket" in the README.
+            text such as ``"256MiB"``; 0: none); see docs/buckets.md.
         io_concurrency: Ranged requests each reader keeps in flight at once (4): more
             connections than one carry more than one connection's bandwidth.
     """
@@ -63,18 +65,28 @@ class ReadOptions(TypedDict, total=False):
     io_concurrency: int
 
 
-def check_options(where: str, options: Mapping[str, Any]) -> None:
+def check_options(where: str, options: Mapping[str, Any], taker: Callable[..., Any]) -> None:
     """Raise the ``TypeError`` Python would, for a keyword that is not a reading option.
+
+    With the closest name the function takes, as in ``did you mean 'batch_size'?``.
 
     Args:
         where: The function that took ``options`` (named in the error).
         options: Its ``**options``.
+        taker: That function (or class): its own parameters are suggested too.
     """
     known = ReadOptions.__required_keys__ | ReadOptions.__optional_keys__
     unknown = sorted(set(options) - known)
     if unknown:
+        own = [
+            name
+            for name, p in inspect.signature(taker).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+        close = difflib.get_close_matches(unknown[0], [*own, *sorted(known)], n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         msg = (
-            f"{where}() got an unexpected keyword argument {unknown[0]!r} (its reading "
+            f"{where}() got an unexpected keyword argument {unknown[0]!r}{hint} (its reading "
             f"options: {', '.join(sorted(known))})"
         )
         raise TypeError(msg)
@@ -195,7 +207,8 @@ class ShardReader:
         """
         part = item if isinstance(item, ShardPart) else ShardPart(item)
         policy, read = self.policy, 0
-        policy.count("shards")
+        if part.part == 0 and part.start == 0 and at is None:  # one part of a shard counts it
+            policy.count("shards")
         try:
             with fs.open_input(
                 part.url, self.storage_options, self.retry, cache=self.cache,

@@ -126,7 +126,7 @@ class ShardLister(IterDataPipe[str]):
         urls, named = [], []  # named: not from a glob, so not known to exist
         for pattern in self.urls:
             for url in expand_braces(pattern):
-                found = self._glob(url) if fs.has_magic(url) else [url]
+                found = self._glob(url) if fs.has_magic(url) else [_not_a_folder(url)]
                 urls += found
                 named += [] if fs.has_magic(url) else found
         defer, self._defer = self._defer, False
@@ -137,7 +137,7 @@ class ShardLister(IterDataPipe[str]):
         yield from urls
 
     def _glob(self, url: str) -> list[str]:
-        found = fs.glob(url, self.storage_options)
+        found = [name for name in fs.glob(url, self.storage_options) if not _sidecar(name)]
         if not found:
             msg = "no shard matches the pattern"
             raise NoShardsError(msg, url=url)
@@ -156,6 +156,23 @@ class ShardLister(IterDataPipe[str]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+#: what shardpipes writes beside shards: a glob over the shards' names leaves them out
+SIDECARS = (".idx", "classes.json")
+
+
+def _sidecar(url: str) -> bool:
+    """Whether ``url`` is a sidecar shardpipes writes (an index, a class list), not a shard."""
+    return url.endswith(SIDECARS)
+
+
+def _not_a_folder(url: str) -> str:
+    """``url``, unless it names a folder (its shards were meant): then an error saying so."""
+    if fs.is_folder(url):
+        msg = f"a folder, not a shard: give the shards in it, e.g. {url.rstrip('/') + '/*.tar'!r}"
+        raise NoShardsError(msg, url=url)
+    return url
 
 
 def _in_thread(fn: Callable[[], None]) -> Future[None]:
@@ -212,7 +229,8 @@ class ShardSplitter(ShardingFilterIterDataPipe):
 
     Args:
         source_datapipe: A pipe of shard URLs, e.g. :class:`ShardLister`.
-        shuffle: Permute the shard order.
+        shuffle: Permute the shard order (by default, as the recipes do; ``False``, or
+            ``DataLoader(pipe, shuffle=False)``, keeps the listed order).
         seed: Fixed seed for the permutation.
         even: Split so that every worker reads the same number of samples.
         storage_options: Passed to the filesystem when reading indexes (``even``).
@@ -230,7 +248,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
 
     Example:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
-        >>> parts = IterableWrapper(["a.tar", "b.tar"]).split_shards()
+        >>> parts = IterableWrapper(["a.tar", "b.tar"]).split_shards(shuffle=False)
         >>> parts.apply_sharding(3, 2)
         >>> list(parts)
         [ShardPart(url='a.tar', part=1, parts=2, start=0, stop=None, span=None)]
@@ -240,7 +258,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         self,
         source_datapipe: IterDataPipe[str],
         *,
-        shuffle: bool = False,
+        shuffle: bool = True,
         seed: int | None = None,
         even: bool = False,
         storage_options: Mapping[str, Any] | None = None,
@@ -332,6 +350,7 @@ class ShardSplitter(ShardingFilterIterDataPipe):
         # iter(): list() would ask the lister's len() first, listing (and checking) twice
         urls = list(iter(self.source_datapipe))
         total, worker = self.placement()
+        check_process_group(total)
         seed = self.order_seed()
         used = {
             "seed": seed, "epoch": epoch, "shards": len(urls), "digest": _digest(urls),
@@ -721,6 +740,32 @@ def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
         if getattr(other, "takes_epoch", False):  # a mix (shardpipes.pipes.mix)
             other.set_epoch(epoch)
     return pipe
+
+
+def check_process_group(total: int) -> None:
+    """Refuse to read as one process when the environment says there are several.
+
+    ``torchrun`` sets ``WORLD_SIZE``; without ``init_process_group`` the split cannot see
+    the other ranks, and every rank would read every sample. A warning would scroll by
+    once per rank and worker while the job trains on duplicates: this is an error.
+
+    Args:
+        total: The workers × ranks the split found.
+
+    Raises:
+        ValueError: ``WORLD_SIZE`` is above 1 and the split found one rank.
+    """
+    given = os.environ.get("WORLD_SIZE", "1")
+    info = get_worker_info()
+    world = total // (info.num_workers if info is not None else 1)
+    if world == 1 and given.isdigit() and int(given) > 1:
+        msg = (
+            f"WORLD_SIZE={given} is set (as torchrun does), but torch.distributed is not "
+            "initialized, so every process would read every sample: call "
+            "torch.distributed.init_process_group() (backend 'gloo' on CPU, 'nccl' on GPUs) "
+            "before the loader starts, or unset WORLD_SIZE for one process to read it all"
+        )
+        raise ValueError(msg)
 
 
 def distributed() -> tuple[int, int]:

@@ -90,7 +90,7 @@ class ShardStream(IterDataPipe[Any]):
         threads: int = 0,
         **options: Unpack[ReadOptions],
     ) -> None:
-        check_options("ShardStream", options)
+        check_options("ShardStream", options, ShardStream)
         super().__init__()
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             msg = f"batch_size must be a positive int or None (got {batch_size!r})"

@@ -69,7 +69,7 @@ class TarOpener(SampleStage):
         index: bool | Mapping[str, str] = False,
         **options: Unpack[ReadOptions],
     ) -> None:
-        check_options("open_tar", options)
+        check_options("open_tar", options, TarOpener)
         super().__init__()
         if "storage_options" not in options and (found := lister_options(source_datapipe)):
             options["storage_options"] = found  # those given to list_shards

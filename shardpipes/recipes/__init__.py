@@ -63,11 +63,12 @@ def describe() -> dict[str, str]:
     return {name: (inspect.getdoc(_RECIPES[name]) or "").split("\n", 1)[0] for name in available()}
 
 
-def load(name: str, /, **kwargs: Any) -> Any:
-    """Build the recipe called ``name`` with the given options.
+def load(name: str, /, *args: Any, **kwargs: Any) -> Any:
+    """Build the recipe called ``name`` with the given arguments.
 
     Args:
         name: One of :func:`available`.
+        *args: The recipe's positional arguments (its URLs, its folder…).
         **kwargs: The recipe's arguments, by name.
 
     Returns:
@@ -80,10 +81,12 @@ def load(name: str, /, **kwargs: Any) -> Any:
         >>> ds = load("tensors", data=[10, 20], targets=[0, 1])
         >>> len(ds)
         2
+        >>> len(load("tensors", [10, 20, 30], [0, 1, 0]))
+        3
     """
     try:
         recipe = _RECIPES[name]
     except KeyError:
         msg = f"unknown recipe {name!r}; available: {', '.join(available())}"
         raise ValueError(msg) from None
-    return recipe(**kwargs)
+    return recipe(*args, **kwargs)

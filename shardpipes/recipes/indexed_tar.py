@@ -69,7 +69,7 @@ def indexed_tar(
     if index is not None and not isinstance(index, str):
         msg = f"index must be the URL of the index sidecar, or None (got {index!r})"
         raise TypeError(msg)
-    check_options("indexed_tar", options)
+    check_options("indexed_tar", options, indexed_tar)
     return one_tar(
         url,
         weights=weights,

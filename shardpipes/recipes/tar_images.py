@@ -61,7 +61,7 @@ def tar_images(
     Returns:
         A pipe to hand to a DataLoader with any ``num_workers``.
     """
-    check_options("tar_images", options)
+    check_options("tar_images", options, tar_images)
     return one_tar(
         url,
         weights=weights,

@@ -124,7 +124,7 @@ def tar_shards(
         >>> pipe = tar_shards("data/train-{000..099}.tar", image="torch", resize=256,
         ...                   crop=224, batch_size=64)
     """
-    check_options("tar_shards", options)
+    check_options("tar_shards", options, tar_shards)
     if not isinstance(shuffle, bool):
         msg = (
             f"shuffle must be True or False (got {shuffle!r}); the shuffle buffer's size is "

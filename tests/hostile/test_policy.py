@@ -96,6 +96,16 @@ class TestStats:
         assert got == wrapped.stats().yielded == sp.pipe_stats(chain).read == 49
         assert wrapped.stats().skipped == {"tar": 1}
 
+    @pytest.mark.slow
+    def test_a_shard_read_in_parts_counts_once(self, tmp_path: Path) -> None:
+        """One shard split by sample between two workers is one shard (issue 24 §8)."""
+        urls = bucket(tmp_path)[:1]
+        pipe = sp.list_shards(urls).split_shards().open_tar()
+        assert drain(pipe, 2) == 10
+        stats = sp.pipe_stats(pipe)
+        assert (stats.read, stats.shards) == (10, 1)
+        assert str(stats).endswith("; 1 shard, 0 failed")
+
     def test_str(self) -> None:
         """Stats print on one line, reasons included."""
         stats = sp.Stats(read=10, yielded=8, errors=2, skipped={"tar": 2}, shards=3)

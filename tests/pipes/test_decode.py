@@ -547,3 +547,14 @@ def test_webdataset_image_specs_are_understood() -> None:
         check_image_mode("l8")
     with pytest.raises(ValueError, match=r"image must be one of"):
         check_image_mode("jpeg")
+
+
+def test_errors_do_not_show_pillow_s_stream_object() -> None:
+    """Pillow's 'cannot identify image file <_io.BytesIO object at 0x…>' (issue 24 §8)."""
+    import shardpipes as sp
+
+    sample = {"__key__": "a", "__url__": "memory://s.tar", "jpg": b"garbage, not a jpeg"}
+    with pytest.raises(sp.DecodeError) as info:
+        list(IterableWrapper([sample]).decode("pil"))
+    assert "cannot identify image file" in str(info.value)
+    assert "object at 0x" not in str(info.value)

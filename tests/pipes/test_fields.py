@@ -1,4 +1,5 @@
 import pickle
+import re
 from typing import Any
 
 import pytest
@@ -227,3 +228,39 @@ def test_stages_of_samples_given_urls_or_tuples_say_so_when_built() -> None:
     batches = sp.recipes.tar_shards(urls, fields=(), batch_size=2)
     assert isinstance(batches.to_tuple("jpg", "cls"), TupleMaker)
     batches.rename_fields(image="jpg").map_fields(image=len)
+
+
+def test_one_png_among_jpegs_names_the_fix() -> None:
+    """A PNG in a pipeline of JPEGs: each error names rename_fields(image='jpg;png')."""
+    import shardpipes as sp
+
+    samples = [{"__key__": "a", "jpg": 1, "cls": 0}, {"__key__": "b", "png": 2, "cls": 1}]
+    fix = re.escape(".rename_fields(image='jpg;png')")
+    with pytest.raises(sp.MissingFieldError, match=fix):
+        list(IterableWrapper(samples).map_fields(jpg=str))
+    with pytest.raises(sp.MissingFieldError, match=fix):
+        list(IterableWrapper(samples).to_tuple("jpg", "cls"))
+    with pytest.raises(ValueError, match=fix + r"\) before \.batch"):
+        list(IterableWrapper(samples).batch(2).collate(sp.collate_samples))
+    fixed = IterableWrapper(samples).rename_fields(image="jpg;png").batch(2)
+    batch = next(iter(fixed.collate(sp.collate_samples)))
+    assert batch["image"].tolist() == [1, 2]
+    with pytest.raises(sp.MissingFieldError) as plain:  # no image involved: no such hint
+        list(IterableWrapper(samples).to_tuple("txt"))
+    assert "rename_fields" not in str(plain.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lambdas_pass_under_a_dataloader(make_shards: Any, workers: int) -> None:
+    """decode(x=lambda), map_fields(x=lambda): torch's graph walk pickled them and failed."""
+    from torch.utils.data import DataLoader
+
+    import shardpipes as sp
+
+    data = make_shards(2, 3)
+    pipe = (
+        sp.list_shards(data.urls).split_shards().open_tar()
+        .decode(cls=lambda b: int(b) + 100).map_fields(cls=lambda c: c * 2).to_tuple("cls")
+    )  # fmt: skip
+    got = sorted(c for (c,) in DataLoader(pipe, batch_size=None, num_workers=workers))
+    assert got == sorted((data.labels[k] + 100) * 2 for k in data.keys)

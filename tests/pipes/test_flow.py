@@ -306,7 +306,7 @@ def test_a_state_of_another_shape_is_refused(data: Dataset) -> None:
 def test_resume_from_another_topology_refuses_them_naming_them(data: Dataset) -> None:
     pipe = chain(data).prefetch_items(2)
     state = sp.Resumable(pipe).state_dict()
-    with pytest.raises(ValueError, match="cannot yet resume a pipeline with ItemPrefetcher"):
+    with pytest.raises(ValueError, match="cannot yet resume a pipeline with prefetch_items on"):
         sp.resume_from(pipe, [state])
 
 

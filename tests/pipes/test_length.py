@@ -37,11 +37,11 @@ def pipes(urls: list[str]) -> dict[str, Callable[[], Any]]:
             .shuffle_samples(buffer_size=8).to_tuple("__key__", "cls").batch(3, drop_last=True)
         ),
         "mix, batches of 5": lambda: sp.mix({
-            "a": sp.list_shards(urls[:half]).split_shards().open_tar(),
-            "b": sp.list_shards(urls[half:]).split_shards().open_tar(),
+            "a": sp.list_shards(urls[:half]).split_shards(shuffle=False).open_tar(),
+            "b": sp.list_shards(urls[half:]).split_shards(shuffle=False).open_tar(),
         }).batch(5),
         "mix, epoch_size=37": lambda: sp.mix(
-            {"a": sp.list_shards(urls).split_shards().open_tar()}, epoch_size=37
+            {"a": sp.list_shards(urls).split_shards(shuffle=False).open_tar()}, epoch_size=37
         ).batch(5),
         "even": lambda: sp.recipes.tar_shards(urls, fields=("__key__",), batch_size=4, even=True),
         "one list, epoch_size=50": lambda: sp.recipes.tar_shards(
@@ -103,3 +103,19 @@ def test_resample_is_endless_and_deterministic(indexed: Dataset) -> None:
         len(make())
     with pytest.raises(ValueError, match="not both"):
         sp.mix({"a": sp.list_shards(indexed.urls).open_tar()}, epoch_size=5, resample=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_samples_need_no_seed(indexed: Dataset, workers: int) -> None:
+    """Unbatched, the loader's total is every sample whatever the shard order (issue 24 §5)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    unseeded = {
+        "recipe": lambda: sp.recipes.tar_shards(indexed.urls, fields=("__key__",)),
+        "chain": lambda: sp.list_shards(indexed.urls).split_shards().open_tar(),
+    }
+    for name, make in unseeded.items():
+        for kind in (DataLoader, StatefulDataLoader):
+            loader = kind(make(), batch_size=None, num_workers=workers)
+            assert len(loader) == sum(COUNTS) == sum(1 for _ in loader), (name, kind.__name__)
+        assert len(make()) == sum(COUNTS), name

@@ -88,12 +88,68 @@ class TestShardLister:
             ShardLister("a{0..3.tar")
 
 
+class TestFirstHour:
+    """What a new user's first globs and folders meet (issue 24 §2, §3)."""
+
+    def test_a_glob_leaves_out_our_own_sidecars(
+        self, make_shards: Callable[..., Dataset], tmp_path: Path
+    ) -> None:
+        """train-* matches train-classes.json and *.tar.idx too: they are not shards."""
+        data = make_shards(2, 3)
+        for url in data.urls:
+            sp.write_index(url)
+        root = tmp_path / "shards"
+        (root / "train-classes.json").write_text('{"classes": ["a"]}')
+        assert list(ShardLister(str(root / "train-*"))) == data.urls
+        samples = list(sp.list_shards(str(root / "train-*")).split_shards().open_tar())
+        assert sorted(s["__key__"] for s in samples) == sorted(data.keys)
+
+    @pytest.mark.parametrize("suffix", ["", "/"])
+    def test_a_folder_is_named_as_one(
+        self, make_shards: Callable[..., Dataset], tmp_path: Path, suffix: str
+    ) -> None:
+        make_shards(1, 2)
+        folder = str(tmp_path / "shards") + suffix
+        with pytest.raises(NoShardsError, match=r"a folder, not a shard: give the shards in it, "):
+            list(ShardLister(folder))
+        with pytest.raises(NoShardsError, match=re.escape(f"'{tmp_path / 'shards'}/*.tar'")):
+            list(sp.recipes.tar_shards(folder))
+
+    def test_a_file_that_is_no_tar_says_so(self, tmp_path: Path) -> None:
+        notes = tmp_path / "train-notes.txt"
+        notes.write_text("not a tar " * 100)
+        with pytest.raises(
+            sp.TarFormatError, match=r"not a tar archive: .* is 'train-notes.txt' a"
+        ):
+            list(sp.list_shards(str(notes)).open_tar())
+
+    def test_world_size_without_a_process_group_is_refused(
+        self, make_shards: Callable[..., Dataset], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Under torchrun (WORLD_SIZE) without init_process_group each rank would read all."""
+        data = make_shards(2, 2)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(ValueError, match=r"WORLD_SIZE=2 .*init_process_group\(\)"):
+            list(sp.list_shards(data.urls).split_shards().open_tar())
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        assert len(list(sp.list_shards(data.urls).split_shards().open_tar())) == 4
+
+
 class TestShardSplitter:
     URLS = [f"s{i}" for i in range(5)]
 
     def test_no_sharding_yields_all_whole(self) -> None:
-        """Without apply_sharding every shard comes whole, in order."""
-        assert list(ShardSplitter(IterableWrapper(self.URLS))) == [ShardPart(u) for u in self.URLS]
+        """Without apply_sharding every shard comes whole, in order (shuffle=False)."""
+        pipe = ShardSplitter(IterableWrapper(self.URLS), shuffle=False)
+        assert list(pipe) == [ShardPart(u) for u in self.URLS]
+
+    def test_shuffles_by_default(self) -> None:
+        """split_shards shuffles the shard order by default, as the recipes do (issue 24 §8)."""
+        pipe = ShardSplitter(IterableWrapper(self.URLS))
+        assert pipe.shuffle_shards
+        orders = {tuple(p.url for p in pipe) for _ in range(4)}  # four epochs
+        assert all(sorted(order) == sorted(self.URLS) for order in orders)
+        assert len(orders) > 1
 
     @pytest.mark.parametrize(("n", "total"), [(5, 2), (5, 5), (2, 5), (1, 4)])
     def test_union_over_workers(self, n: int, total: int) -> None:
@@ -140,7 +196,7 @@ class TestShardSplitter:
         """Not sharded by a DataLoader: one worker, one rank -> everything, whole."""
         parts = ShardSplitter(IterableWrapper(["a", "b", "c"]))
         assert parts.placement() == (1, 0)
-        assert [p.url for p in parts] == ["a", "b", "c"]
+        assert sorted(p.url for p in parts) == ["a", "b", "c"]
 
     def test_even_split_reads_counts_and_byte_spans(
         self, make_shards: Callable[..., Dataset]

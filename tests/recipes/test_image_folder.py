@@ -254,3 +254,53 @@ class TestImageFolderDataLoader:
         expected = _build(memory_root)
         loader = DataLoader(image_folder(memory_root, transform=_red), batch_size=None)
         assert sorted((red, label) for red, label in loader) == sorted(expected.values())
+
+
+class TestClassList:
+    """``classes=``: a split missing a class keeps the others' labels (issue 24 §1)."""
+
+    def test_labels_index_the_list_given(self, any_root: str) -> None:
+        """Without zebra's folder, a split labelled by the full list keeps ant at 1."""
+        _build(any_root)
+        whole = image_folder(any_root)
+        _write(f"{any_root}-val/ant/c.png", _png(2))
+        val = image_folder(f"{any_root}-val", classes=whole.classes, transform=_red)
+        assert val.classes == CLASSES
+        assert [label for _, label in val] == [1]  # ant, as in the whole dataset
+        assert image_folder(f"{any_root}-val").classes == ["ant"]  # its own: ant would be 0
+
+    def test_a_class_list_file(self, tmp_path: Path) -> None:
+        root = str(tmp_path / "val")
+        _write(f"{root}/zebra/a.png", _png(1))
+        listing = tmp_path / "train-classes.json"
+        listing.write_text('{"classes": ["Mole", "ant", "zebra"]}')
+        ds = image_folder(root, classes=str(listing))
+        assert ds.classes == CLASSES and ds[0][1] == 2
+        names = tmp_path / "names.txt"
+        names.write_text("zebra\nant\n")
+        assert image_folder(root, classes=str(names))[0][1] == 0
+
+    @pytest.mark.parametrize(
+        ("classes", "error", "match"),
+        [
+            (["Mole", "ant"], ValueError, r"class folder\(s\) 'zebra' not in the class list"),
+            (["ant", "ant", "zebra", "Mole"], ValueError, r"names 'ant' twice"),
+            ([], ValueError, r"the class list is empty"),
+            ([1, 2], TypeError, r"classes must be a list of class names"),
+        ],
+    )
+    def test_bad_lists_are_refused(
+        self, tmp_path: Path, classes: list[object], error: type[Exception], match: str
+    ) -> None:
+        _build(str(tmp_path))
+        with pytest.raises(error, match=match):
+            image_folder(str(tmp_path), classes=classes)  # type: ignore[arg-type]
+
+    def test_hidden_folders_and_files_are_not_classes(self, tmp_path: Path) -> None:
+        """.ipynb_checkpoints would be class 0 (torchvision takes it) and shift the rest."""
+        expected = _build(str(tmp_path))
+        _write(f"{tmp_path}/.ipynb_checkpoints/x.png", _png(99))
+        _write(f"{tmp_path}/ant/._c.png", b"AppleDouble")
+        ds = image_folder(str(tmp_path), transform=_red)
+        assert ds.classes == CLASSES
+        assert sorted(ds) == sorted(expected.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,3 +67,31 @@ class TestRegistry:
         """A recipe's own argument errors reach the caller unchanged."""
         with pytest.raises(ValueError, match=r"same length \(got 2 and 1\)"):
             recipes.load("tensors", data=[1, 2], targets=[0])
+
+
+class TestFirstCalls:
+    """The calls a new user writes first (issue 24 §8)."""
+
+    def test_load_takes_the_urls_by_position(self, make_shards: Any) -> None:
+        data = make_shards(2, 3)
+        pipe = recipes.load("tar_shards", data.urls, fields=("__key__",), seed=0)
+        assert sorted(key for (key,) in pipe) == sorted(data.keys)
+
+    @pytest.mark.parametrize(
+        ("recipe", "typo", "meant"),
+        [
+            ("tar_shards", "batchsize", "batch_size"),
+            ("tar_shards", "buffersize", "buffer_size"),
+            ("tar_shards", "storage_option", "storage_options"),
+            ("tar_images", "transfrom", "transform"),
+            ("indexed_tar", "handle", "handler"),
+        ],
+    )
+    def test_a_typo_gets_the_name_it_meant(self, recipe: str, typo: str, meant: str) -> None:
+        with pytest.raises(TypeError, match=rf"argument {typo!r}; did you mean {meant!r}\?"):
+            recipes.load(recipe, "data/x.tar", **{typo: 64})
+
+    def test_no_suggestion_for_a_name_near_nothing(self) -> None:
+        with pytest.raises(TypeError) as info:
+            recipes.load("tar_shards", "data/x.tar", zzz=1)
+        assert "did you mean" not in str(info.value)
