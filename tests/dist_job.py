@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardpipes as sp
+from tests.torchrun import arm_stack_dump
 
 
 def labels_of(batch: Any) -> list[int]:
@@ -61,7 +63,9 @@ def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    arm_stack_dump()
+    # a rank that fails leaves the other in a collective: fail it too, before the test's deadline
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
     report = {
         "rank": rank,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,17 @@ import torch.distributed as dist
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardpipes as sp
+from tests.torchrun import arm_stack_dump
 
 
 def main() -> None:
     spec: dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
     out = Path(spec["out"])
     torch.set_num_threads(1)
+    arm_stack_dump()
     distributed = "RANK" in __import__("os").environ
     if distributed:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank() if distributed else 0
     pipe = sp.recipes.tar_shards(
         spec["urls"], fields=("__key__",), seed=7, buffer_size=16, even=True

@@ -8,9 +8,6 @@ workers, one shard. Each sample's label is its unique id.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import write_tar
+from tests.torchrun import torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -89,11 +87,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[
     out = root / "out"
     out.mkdir()
     script = Path(__file__).with_name("dist_job.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={WORLD_SIZE}", str(script), str(root / "cases.json"), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    env["PYTHONPATH"] = os.pathsep.join([str(script.parent.parent), env.get("PYTHONPATH", "")])
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    done = torchrun(script, [str(root / "cases.json"), str(out)], ranks=WORLD_SIZE)
     assert done.returncode == 0, done.stderr[-4000:]
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
     assert [r["world_size"] for r in reports] == [WORLD_SIZE] * WORLD_SIZE

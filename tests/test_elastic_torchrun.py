@@ -9,9 +9,6 @@ epoch is seen exactly once, apart from fewer than (old + new workers) left out.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Dataset
+from tests.torchrun import torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +30,7 @@ def run(spec: dict[str, Any], out: Path, ranks: int | None) -> list[list[str]]:
     out.mkdir()
     path = out / "spec.json"
     path.write_text(json.dumps({**spec, "out": str(out)}))
-    cmd = [sys.executable, str(SCRIPT), str(path)]
-    if ranks is not None:
-        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parent.parent), env.get("PYTHONPATH", "")])
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    done = torchrun(SCRIPT, [str(path)], ranks=ranks)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads((out / f"keys{r}.json").read_text()) for r in range(ranks or 1)]
 

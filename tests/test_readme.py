@@ -39,7 +39,6 @@ import ast
 import contextlib
 import inspect
 import json
-import os
 import random
 import re
 import shlex
@@ -58,6 +57,7 @@ import torch
 
 from tests.cloud import conftest as cloud
 from tests.realdata import RealShards, build_shards, random_size, real_image
+from tests.torchrun import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -464,6 +464,10 @@ from typing import Any
 
 import torch
 
+from tests.torchrun import arm_stack_dump
+
+arm_stack_dump()
+
 {inspect.getsource(labels_of)}
 
 _readme_options = {{}}
@@ -497,13 +501,7 @@ def test_ddp_block_under_torchrun(real_shards: RealShards, tmp_path: Path) -> No
     )
     script = tmp_path / "train.py"
     script.write_text(RANK_PRELUDE + ast.unparse(tree) + RANK_REPORT.format(out=str(tmp_path)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc_per_node=2", str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False
-    )
+    done = torchrun(script, ranks=2, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in reports] == ["2", "2"]
