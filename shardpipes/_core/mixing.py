@@ -143,9 +143,13 @@ class MixDraws:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Go back to a :meth:`state`."""
-        self.weights = {str(k): float(v) for k, v in state["weights"].items()}
+        # in this mix's order, not the state's: a checkpoint may have sorted its keys, and
+        # a block is made in the order of the weights
+        self.weights = {
+            n: float(state["weights"][n]) for n in self.weights if n in state["weights"]
+        }
         self.block = [str(n) for n in state["block"]]
-        self.drawn = {str(k): int(v) for k, v in state["drawn"].items()}
+        self.drawn = {n: int(state["drawn"][n]) for n in self.weights}
         self.count = int(state["count"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
