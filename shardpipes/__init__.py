@@ -14,7 +14,6 @@ and ``collate``::
 """
 
 from shardpipes import _patches, recipes
-from shardpipes import nodes as _nodes
 from shardpipes._core.handlers import ShardpipesWarning
 from shardpipes._core.policy import ErrorPolicy, Stats
 from shardpipes._core.split import ShardPart, shard_order, split_plan
@@ -32,27 +31,25 @@ from shardpipes.errors import (
     UnsafeDataError,
 )
 from shardpipes.nodes import to_node
-from shardpipes.pipes import _hints, _loader
-from shardpipes.pipes._epoch import pipe_stats
+from shardpipes.pipes._stage import stats_of as pipe_stats
 from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
-from shardpipes.pipes.decode import SampleDecoder
+from shardpipes.pipes.cycle import EpochCycler
+from shardpipes.pipes.decode import DecodeOptions, SampleDecoder
 from shardpipes.pipes.elastic import resume_from
 from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
-from shardpipes.pipes.flow import EpochCycler, ItemPrefetcher, SampleLimiter
 from shardpipes.pipes.index import build_index, read_index, write_index
+from shardpipes.pipes.limit import SampleLimiter
 from shardpipes.pipes.mix import Mixer, mix
+from shardpipes.pipes.prefetch import ItemPrefetcher
 from shardpipes.pipes.reader import ReadOptions
 from shardpipes.pipes.resumable import Resumable
-from shardpipes.pipes.shards import ShardLister, ShardSplitter, set_epoch
+from shardpipes.pipes.shards import ShardLister
 from shardpipes.pipes.shuffle import SampleShuffler
-from shardpipes.pipes.stream import ShardStream
+from shardpipes.pipes.split import ShardSplitter, set_epoch
 from shardpipes.pipes.tar import TarOpener
 from shardpipes.writing import ShardWriter, TarWriter
 
-_patches.install()  # torchdata's set_vital warning
-_loader.install()  # the plain StatefulDataLoader(pipe) resumes exactly
-_hints.install()  # pipe.header(n) says to write limit_samples(n)
-_nodes.install()  # torchdata.nodes.Loader's state after a restart at an epoch's end
+_patches.install()  # the plain StatefulDataLoader(pipe) resumes exactly; see the module
 
 __version__ = "0.1.0"
 
@@ -62,6 +59,7 @@ __all__ = [
     "Batch",
     "BatchDict",
     "DecodeError",
+    "DecodeOptions",
     "EpochCycler",
     "ErrorPolicy",
     "FieldMapper",
@@ -80,7 +78,6 @@ __all__ = [
     "ShardNotFoundError",
     "ShardPart",
     "ShardSplitter",
-    "ShardStream",
     "ShardWriter",
     "ShardpipesError",
     "ShardpipesWarning",

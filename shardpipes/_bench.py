@@ -38,7 +38,8 @@ from shardpipes._core.split import ShardPart
 from shardpipes.errors import NoShardsError
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import SampleDecoder
-from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from shardpipes.pipes.shards import ShardLister
+from shardpipes.pipes.split import ShardSplitter
 from shardpipes.pipes.tar import TarOpener
 
 __all__ = [

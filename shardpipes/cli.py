@@ -414,7 +414,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from shardpipes._core.decoders import decode_field
     from shardpipes._core.policy import ErrorPolicy, reason
     from shardpipes.pipes.decode import decoder_table
-    from shardpipes.pipes.reader import ShardReader
+    from shardpipes.pipes.reader import ReadOptions, ShardReader
     from shardpipes.pipes.shards import ShardLister
 
     options = dict(args.storage_options)
@@ -427,7 +427,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     policy = ErrorPolicy(record if args.check else "raise")
     policy.begin()
-    reader = ShardReader(storage_options=options, handler=policy)
+    reader = ShardReader(options=ReadOptions(storage_options=options, handler=policy))
     table = decoder_table("pil")
     counts, sizes = Counter[str](), defaultdict[str, int](int)
     for url in _bar(args, urls, "inspect"):

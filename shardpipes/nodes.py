@@ -15,9 +15,9 @@ from typing import Any, Generic, TypeVar
 from torch.utils.data import DataLoader, Dataset, IterableDataset, IterDataPipe
 from torchdata.nodes import BaseNode  # type: ignore[import-untyped]
 
-from shardpipes.pipes.resumable import Positions, Resumable
+from shardpipes.pipes.resumable import Resumable
 
-__all__ = ["PipeNode", "install", "to_node"]
+__all__ = ["PipeNode", "to_node"]
 
 T = TypeVar("T")
 
@@ -34,18 +34,16 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
 
     def __init__(self, pipe: IterDataPipe[T]) -> None:
         super().__init__()
-        self.pipe = pipe.pipe if isinstance(pipe, Resumable) else pipe
-        self._it: Iterator[T] | None = None
-        self._positions = Positions(self.pipe)  # fails now if a stage cannot be resumed
-        if not self._positions.readings:
+        self.root = pipe if isinstance(pipe, Resumable) else Resumable(pipe)  # checked
+        if not self.root.policies():
             msg = (
-                f"to_node: this pipeline ({type(self.pipe).__name__}) reads no shard, so its "
+                f"to_node: this pipeline ({type(pipe).__name__}) reads no shard, so its "
                 "state could not say which of its items were used: put the reading inside "
                 "the pipe (open_tar, or a recipe such as sp.recipes.tar_shards) and map "
                 "after it (torchdata.nodes.ParallelMapper)"
             )
             raise ValueError(msg)
-        self._upcoming = False  # reset, and nothing read since
+        self._it: Iterator[T] | None = None
 
     def reset(self, initial_state: Mapping[str, Any] | None = None) -> None:
         """Begin the next epoch, or resume from ``initial_state`` (a ``get_state()``)."""
@@ -55,24 +53,23 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
             if self.STATE_KEY not in initial_state:
                 msg = f"not a state of to_node(...): {str(initial_state)[:200]}"
                 raise ValueError(msg)
-            self._positions.load(initial_state[self.STATE_KEY])
-        elif self._positions.pending():  # loaded, never read from: its epoch is done
-            self._positions.drop_loaded()
-        self._it = iter(self.pipe)
-        self._upcoming = True
+            self.root.load_state_dict(initial_state[self.STATE_KEY])
+        else:
+            self.root.advance()
+            self.root.reset()
+        self._it = iter(self.root)
 
     def next(self) -> T:
         """The pipeline's next item (``StopIteration`` at the epoch's end)."""
         assert self._it is not None  # BaseNode resets before the first next()
-        self._upcoming = False
         return next(self._it)
 
     def get_state(self) -> dict[str, Any]:
-        """The pipeline's state between two items (see ``Resumable.state_dict``).
+        """The pipeline's state between two items.
 
         Between ``reset()`` and the first item: the state of the epoch that begins.
         """
-        return {self.STATE_KEY: self._positions.pipeline_state(upcoming=self._upcoming)}
+        return {self.STATE_KEY: self.root.state_dict()}
 
     def _close(self) -> None:
         it, self._it = self._it, None
@@ -115,28 +112,3 @@ def _not_a_pipeline(given: Any) -> str:
             "torchdata.nodes.IterableWrapper"
         )
     return f"to_node takes a shardpipes pipeline (got {name}): {way}"
-
-
-def install() -> None:
-    """Make ``torchdata.nodes.Loader`` report its state after a restart at an epoch's end.
-
-    A ``Loader`` resumed from a state taken at an epoch's end looks ahead (``has_next``),
-    finds the epoch over and resets to the next one, but keeps the state it cached for
-    the look-ahead: its ``state_dict()`` gives that stale state for the rest of the
-    iterator's life, and a checkpoint taken anywhere in the next epoch resumes it from
-    its start (samples repeated). torchdata 0.11 has the bug (its pull request 1552 is
-    the same fix): a reset drops the cached state here.
-    """
-    from torchdata.nodes import loader
-
-    iterator = loader.LoaderIterator
-    if getattr(iterator.reset, "_shardpipes", False):
-        return
-    original = iterator.reset
-
-    def reset(self: Any, initial_state: Mapping[str, Any] | None = None) -> None:
-        original(self, initial_state)
-        self._cached_state_dict = None
-
-    reset._shardpipes = True  # type: ignore[attr-defined]
-    iterator.reset = reset

@@ -9,6 +9,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -70,6 +71,33 @@ def sample_members(key: str, label: int, index: int, *, images: bool) -> list[tu
 def batch_keys(batches: object) -> list[str]:
     """The keys of (payload, keys) batches, in order."""
     return [k for batch in batches for k in batch[1]]  # type: ignore[attr-defined]
+
+
+def opener_of(pipe: Any) -> Any:
+    """The ``open_tar`` stage of the chain that ends at ``pipe`` (its reader reads ahead)."""
+    from shardpipes.pipes.tar import TarOpener
+
+    while not isinstance(pipe, TarOpener):  # (not `or`: a pipe's truth is its len())
+        found = getattr(pipe, "source_datapipe", None)
+        pipe = pipe.datapipe if found is None else found
+    return pipe
+
+
+def state_part(state: Any, key: str) -> Any:
+    """The part of a pipeline state (or its envelope) a stage keeps under ``key``.
+
+    A stage's state is its own plus ``{"source": ...}``: this goes down the sources (and
+    a mix's ``sources``, first one first) to the first that has ``key``.
+    """
+    todo = [state]
+    while todo:
+        here = todo.pop(0)
+        if isinstance(here, dict):
+            if key in here:
+                return here[key]
+            todo += [here[k] for k in ("pipeline", "source") if k in here]
+            todo += list(here.get("sources", {}).values())
+    raise KeyError(key)
 
 
 @pytest.fixture

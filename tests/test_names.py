@@ -152,7 +152,7 @@ def test_their_names_are_answered_with_ours() -> None:
     import pytest
 
     import shardpipes as sp
-    from shardpipes.pipes._hints import HINTS
+    from shardpipes.pipes._stage import HINTS
 
     pipe = sp.list_shards(["a.tar"]).open_tar()
     for name, hint in HINTS.items():
@@ -177,4 +177,4 @@ def test_webdatasets_shuffle_1000_says_what_to_write() -> None:
     with pytest.raises(TypeError, match=r"use \.shuffle_samples\(1000\) right after \.open_tar"):
         pipe.shuffle(1000)
     assert isinstance(pipe.shuffle(buffer_size=10), Shuffler)  # torch's, by keyword
-    assert pipe.shuffle_samples(1000).buffer.size == 1000  # ours takes it by position
+    assert pipe.shuffle_samples(1000).buffer_size == 1000  # ours takes it by position

@@ -1,7 +1,7 @@
 """One implementation per stage: a torch-free core, and the fused stage equal to the chain.
 
-The recipes' ``ShardStream`` and the chain ``open_tar → shuffle_samples → decode →
-to_tuple → map → batch → collate`` are made of the same pieces; here they are compared on
+The recipes build the chain ``open_tar → shuffle_samples → decode → to_tuple → map →
+batch → collate`` themselves; here a recipe and the chain written by hand are compared on
 the same data for every option, with good and bad samples.
 """
 
@@ -43,7 +43,17 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torch")))
 def test_core_imports_without_torch() -> None:
     """Every module under shardpipes/_core imports with torch blocked, and pulls none in."""
     names = [m.name for m in pkgutil.iter_modules(_core.__path__)]
-    assert {"decoders", "policy", "run", "steps", "fields", "tar", "split"} <= set(names)
+    assert {
+        "decoders",
+        "policy",
+        "reading",
+        "stage",
+        "shuffle",
+        "steps",
+        "fields",
+        "tar",
+        "split",
+    } <= set(names)
     out = subprocess.run(
         [sys.executable, "-c", NO_TORCH, str(ROOT / "shardpipes"), *names],
         check=True, capture_output=True, text=True,
@@ -56,7 +66,7 @@ def transform(image: Any) -> Any:
 
 
 def chain(urls: list[str], opts: dict[str, Any]) -> Any:
-    """The chained form of ShardStream(**opts)."""
+    """The chain a user writes for tar_shards(**opts)."""
     pipe = sp.list_shards(urls).split_shards(shuffle=True, seed=5).open_tar(handler="ignore")
     if opts.get("buffer_size", 0) >= 2:
         pipe = pipe.shuffle_samples(buffer_size=opts["buffer_size"])
@@ -76,11 +86,11 @@ def first_transformed(sample: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def fused(urls: list[str], opts: dict[str, Any]) -> Any:
-    """ShardStream with the same options."""
-    splitter = sp.list_shards(urls).split_shards(shuffle=True, seed=5)
+    """The recipe with the same options (it builds the chain itself)."""
     extra = {"transform": transform} if opts.get("transform") else {}
     rest = {k: v for k, v in opts.items() if k != "transform"}
-    return sp.ShardStream(splitter, handler="ignore", **rest, **extra)
+    rest = {"fields": (), "buffer_size": 0, **rest}
+    return sp.recipes.tar_shards(urls, seed=5, handler="ignore", **rest, **extra)
 
 
 def plain(item: Any) -> Any:
@@ -136,7 +146,7 @@ def real_png(real: Any) -> bytes:
 
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_fused_equals_chained(urls: list[str], name: str) -> None:
-    """ShardStream(**options) == the chain of the same steps, item for item, bad data too."""
+    """tar_shards(**options) == the chain of the same steps, item for item, bad data too."""
     opts = OPTIONS[name]
     got_fused = [plain(x) for x in fused(urls, opts)]
     got_chain = [plain(x) for x in chain(urls, opts)]

@@ -32,7 +32,7 @@ import numpy
 import PIL.Image
 import PIL.ImageFile
 
-from shardpipes._core.samples import ShardSample
+from shardpipes._core.samples import ShardSample, placed_like
 from shardpipes._core.tenbin import decode_tenbin
 from shardpipes.errors import DecodeError, UnsafeDataError
 
@@ -447,16 +447,13 @@ class Decoding:
             DecodeError: A decoder failed; names the sample's url, member, key, offset.
         """
         out = ShardSample()
-        offset = getattr(sample, "offset", None)
-        if offset is not None:
-            out.offset = offset
         for field, value in sample.items():
             if type(value) is bytes and (only is None or field in only):
                 decoder = self.decoder(field)
                 if decoder is not None:
                     value = decode_value(decoder, sample, field, value)
             out[field] = value
-        return out
+        return placed_like(out, sample)  # type: ignore[return-value]
 
 
 def decode_field(sample: Mapping[str, Any], field: str, table: Mapping[str, Decoder | None]) -> Any:

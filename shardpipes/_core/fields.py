@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardpipes._core.decoders import IMAGE_EXTENSIONS
-from shardpipes._core.samples import SampleTuple
+from shardpipes._core.samples import SampleTuple, placed_like
 from shardpipes.errors import MissingFieldError
 
 __all__ = ["Alternatives", "either", "parse_fields", "pick", "pick_tuple"]
@@ -118,7 +118,7 @@ def rename(
         if name.startswith("__") or (keep and name not in taken)
     }
     out.update((new, sample[old]) for new, old in chosen.items())
-    return out
+    return placed_like(out, sample)
 
 
 def map_fields(
@@ -136,4 +136,4 @@ def map_fields(
     out = dict(sample)
     for name, function in functions.items():
         out[name] = function(sample[pick(sample, (name,))])
-    return out
+    return placed_like(out, sample)

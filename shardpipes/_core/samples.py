@@ -22,6 +22,7 @@ __all__ = [
     "SampleTuple",
     "ShardSample",
     "group_samples",
+    "placed_like",
     "split_name",
 ]
 
@@ -29,16 +30,32 @@ Sample = dict[str, Any]
 
 
 class ShardSample(dict):  # type: ignore[type-arg]
-    """A sample dict as read from a shard, knowing where it starts: ``offset``.
+    """A sample dict as read from a shard, knowing where it lies: ``offset`` and ``end``.
 
-    A plain ``dict`` in every other way (equal to one, pickled with its offset); the
-    offset is not an entry, so samples stay WebDataset's format. Errors about the sample
-    (a failed decode, a missing field) give it as their byte offset.
+    A plain ``dict`` in every other way (equal to one, pickled with its place); the place
+    is not an entry, so samples stay WebDataset's format. Errors about the sample (a
+    failed decode, a missing field) give its offset; a shuffle buffer saves a sample as
+    ``(shard, offset, end)``, and the shard gives it back from those bytes.
     """
 
-    __slots__ = ("offset",)  # set by group_samples; read with getattr(s, "offset", None)
+    __slots__ = ("end", "offset")  # set by group_samples; read with getattr(s, "offset", None)
 
     offset: int
+    end: int
+
+
+def placed_like(out: dict[str, Any], sample: Any) -> dict[str, Any]:
+    """``out`` (made from ``sample``) knowing where ``sample`` lies, if it knows.
+
+    What lets a shuffle buffer after ``decode`` or ``rename_fields`` save its samples as
+    byte ranges: the new dict is still a reference to the same bytes.
+    """
+    end = getattr(sample, "end", None)
+    if end is None:
+        return out
+    placed = out if type(out) is ShardSample else ShardSample(out)
+    placed.offset, placed.end = sample.offset, end
+    return placed
 
 
 class SampleTuple(tuple):  # type: ignore[type-arg]
@@ -134,7 +151,7 @@ def group_samples(
         ``spans``, ``Located(sample, start, end, nth)``: the sample's byte range in the
         (uncompressed) shard and its index there, counting declined samples too.
     """
-    sample: Sample | None = None
+    sample: ShardSample | None = None
     bad_key: str | None = None
     last_key: str | None = None
     index = first_index - 1
@@ -152,6 +169,7 @@ def group_samples(
             key, ext = name[:dot], name[dot + 1 :].lower()
             if key != last_key:
                 if sample is not None:
+                    sample.end = end
                     yield new(Located, (sample, start, end, mine)) if spans else sample
                     sample = None
                 last_key = key
@@ -176,9 +194,11 @@ def group_samples(
         # the shard broke after a sample was complete (the next key had begun): keep it
         split = split_name(exc.member) if exc.member else None
         if sample is not None and split is not None and split[0] != sample["__key__"]:
+            sample.end = end
             yield new(Located, (sample, start, end, mine)) if spans else sample
         raise
     if sample is not None:
+        sample.end = end
         yield new(Located, (sample, start, end, mine)) if spans else sample
 
 

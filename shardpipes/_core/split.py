@@ -53,6 +53,7 @@ __all__ = [
     "block",
     "cut",
     "global_worker",
+    "part_indices",
     "part_samples",
     "shard_order",
     "share",
@@ -94,9 +95,14 @@ def shard_order(n: int, *, seed: int, epoch: int = 0) -> list[int]:
     return _permutation(n, seed, epoch).tolist()  # type: ignore[no-any-return]
 
 
-def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    digest = hashlib.sha256(f"{seed}:{epoch}".encode()).digest()
+def _permutation(n: int, seed: int, epoch: int, pass_: int = 0) -> np.ndarray:
+    digest = hashlib.sha256(_key(seed, epoch, pass_).encode()).digest()
     return np.random.RandomState(np.frombuffer(digest, dtype="<u4")).permutation(n)
+
+
+def _key(seed: int, epoch: int, pass_: int) -> str:
+    """The text an order is seeded from: ``seed:epoch``, and the pass after the first."""
+    return f"{seed}:{epoch}" if not pass_ else f"{seed}:{epoch}:{pass_}"
 
 
 def global_worker(world_size: int, rank: int, num_workers: int, worker_id: int) -> tuple[int, int]:
@@ -251,6 +257,24 @@ def part_samples(n_samples: int, part: ShardPart) -> range:
     return samples[mine.start : mine.stop]
 
 
+def part_indices(part: ShardPart, n_samples: int, *, streamed: bool) -> range:
+    """The indices of the samples ``part`` holds in a shard of ``n_samples``, as it is read.
+
+    Part ``k`` of ``m`` is a contiguous block of an indexed shard, and every ``m``-th
+    sample (from ``start + k``) of a streamed one.
+
+    Example:
+        >>> part_indices(ShardPart("s.tar", 1, 2), 6, streamed=True)
+        range(1, 6, 2)
+        >>> part_indices(ShardPart("s.tar", 1, 2), 6, streamed=False)
+        range(3, 6)
+    """
+    if streamed and part.parts > 1:
+        stop = n_samples if part.stop is None else min(part.stop, n_samples)
+        return range(part.start + part.part, stop, part.parts)
+    return part_samples(n_samples, part)
+
+
 class SplitPlanner:
     """The epoch-wide half of :func:`split_plan`, computed once: order and cumulative counts.
 
@@ -267,12 +291,13 @@ class SplitPlanner:
         seed: int = 0,
         epoch: int = 0,
         counts: Sequence[int] | None = None,
+        pass_: int = 0,
     ) -> None:
         if counts is not None and len(counts) != len(urls):
             msg = f"counts has {len(counts)} entries for {len(urls)} shards"
             raise ValueError(msg)
         self._urls = urls
-        self._order = _permutation(len(urls), seed, epoch) if shuffle else None
+        self._order = _permutation(len(urls), seed, epoch, pass_) if shuffle else None
         self._counts: np.ndarray | None = None
         self._ends: np.ndarray | None = None
         if counts is not None:
@@ -308,6 +333,7 @@ def split_blocks(
     total: int,
     worker: int,
     even: bool = False,
+    pass_: int = 0,
 ) -> list[ShardPart]:
     """The block split: every shard cut into blocks of ``size`` samples, dealt out at random.
 
@@ -328,6 +354,7 @@ def split_blocks(
         total: Total workers (DataLoader workers × ranks).
         worker: This worker's global index.
         even: Every worker reads ``N // total`` samples (the rest are nobody's).
+        pass_: The pass within the epoch (``cycle_epochs``): each has its own order.
 
     Example:
         >>> blocks = [split_blocks(["a", "b"], [4, 3], 2, seed=0, epoch=0, total=2, worker=w)
@@ -345,7 +372,7 @@ def split_blocks(
     first = np.cumsum(n_blocks) - n_blocks  # each shard's first block
     start = (np.arange(len(shard)) - np.repeat(first, n_blocks)) * size
     stop = np.minimum(start + size, per_shard[shard])
-    digest = hashlib.sha256(f"blocks:{seed}:{epoch}".encode()).digest()
+    digest = hashlib.sha256(f"blocks:{_key(seed, epoch, pass_)}".encode()).digest()
     order = np.random.RandomState(np.frombuffer(digest, dtype="<u4")).permutation(len(shard))
     if not even:
         mine = order[worker::total]

@@ -1,37 +1,202 @@
-"""Chained sample stages that run as one generator: one torch hook per item, not one per stage.
+"""What every shardpipes pipe is: a :class:`~shardpipes._core.stage.Stage` and an ``IterDataPipe``.
 
-Every torch ``IterDataPipe`` stage pays its iterator hook (validity check, counter) on
-every item it passes on: about 1.3 µs per stage per sample with torch 2.13, more than the
-tar reader spends parsing a small member. A :class:`SampleStage` chained after another
-(``open_tar().shuffle_samples().decode().to_tuple()``) composes its step with the
-upstream stage's plain generator instead of iterating that stage's hooked iterator: the
-chain runs exactly the steps it names, in one generator under the last stage's hook. A
-downstream stage also tells the upstream ones which fields it keeps (``to_tuple`` after
-``decode``: only those are decoded).
+:class:`Pipe` adds to the protocol what a user calls on a pipe: ``state_dict()`` /
+``load_state_dict()`` (the state, in an envelope with its version), ``stats()``, and
+the name to write for a webdataset or torchdata method (``pipe.header(n)`` names
+``limit_samples``). Its ``__iter__`` is the protocol's, not hooked by torch: a chain of
+shardpipes stages pays no torch hook per item.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from torch.utils.data import IterDataPipe, functional_datapipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
+from torch.utils.data import IterDataPipe, functional_datapipe, get_worker_info
 
-__all__ = ["ChainState", "Functions", "SampleStage", "functional_form", "graph_pipes", "upstream"]
+from shardpipes._core.policy import Stats
+from shardpipes._core.stage import Stage, as_stage
+from shardpipes.pipes import _torch  # noqa: F401 - installs the adapter of torch's pipes
 
-# torch's traverse_dps sets a class-wide pickling hook while it runs: two threads of one
-# process traversing at once (a prefetch_items thread taking a snapshot, the worker taking
-# the loader's state) fail with "Attempt to override existing reduce_ex_hook"
-_TRAVERSING = threading.RLock()
+__all__ = [
+    "READ_IN_WORKERS",
+    "VERSION",
+    "Functions",
+    "Pipe",
+    "envelope",
+    "functional_form",
+    "pipeline_state",
+    "stats_of",
+]
+
+VERSION = 2  #: of the state's envelope
+
+#: pipes a live DataLoader of this process reads in worker processes: the loader and its
+#: num_workers (set by the loader's wrapper, see shardpipes._patches)
+READ_IN_WORKERS: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+#: a method of webdataset or torchdata 0.9 → what to write here
+HINTS = {
+    "header": ".limit_samples(n) (n over all workers and ranks; torchdata's is per worker)",
+    "slice": ".limit_samples(n) (n over all workers and ranks)",
+    "cycle": ".cycle_epochs() (count= for a number of passes)",
+    "repeat": ".cycle_epochs(count)",
+    "prefetch": ".prefetch_items(n)",
+    "with_epoch": "sp.recipes.tar_shards(urls, epoch_size=n), or .cycle_epochs().limit_samples(n)",
+    "batched": ".batch(n).collate(sp.collate_samples), or a recipe's batch_size=n",
+    "rename": ".rename_fields(new='old;alternative')",
+    "map_dict": ".map_fields(field=function)",
+    "select": ".filter(predicate) (torch core)",
+    "load_from_tar": ".open_tar() (reads by byte range, resumes)",
+    "map_tuple": ".map(lambda t: (f(t[0]), g(t[1]))) after .to_tuple(...)",
+    "with_length": "len(pipe): exact from .idx sidecars (shardpipes index)",
+    "ddp_equalize": ".split_shards(even=True) (every rank the same number of samples)",
+    "to_dict": "the sample dicts as they come, before .to_tuple(...)",
+}
 
 
-def graph_pipes(pipe: IterDataPipe[Any]) -> list[Any]:
-    """Every pipe of ``pipe``'s graph, itself included, in a stable order (thread-safe)."""
-    with _TRAVERSING:
-        return list(get_all_graph_pipes(traverse_dps(pipe)))
+def _keywords_only(shuffle: Callable[..., Any]) -> Callable[..., Any]:
+    """Torch's ``shuffle``, which takes its buffer size by keyword: a number says what to write.
+
+    webdataset's ``.shuffle(1000)`` is a sample buffer; torch's would fail with "takes 2
+    positional arguments but 3 were given".
+    """
+
+    def form(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            msg = (
+                f".shuffle({args[0]!r}) is torch's shuffle, which holds samples a checkpoint "
+                f"cannot describe and takes buffer_size= by keyword: use "
+                f".shuffle_samples({args[0]!r}) right after .open_tar (a resumable buffer)"
+            )
+            raise TypeError(msg)
+        return shuffle(**kwargs)
+
+    return form
+
+
+def stats_of(pipe: Any) -> Stats:
+    """What the reading stages of a pipeline read and skipped in the last epoch.
+
+    The counts of each :class:`~shardpipes.ErrorPolicy` (one given to several stages
+    counts once), summed over the DataLoader workers.
+
+    Example:
+        >>> import shardpipes as sp
+        >>> sp.pipe_stats(sp.list_shards(["a.tar"]).open_tar().batch(2)).read
+        0
+    """
+    return sum((p.stats() for p in as_stage(pipe).policies().values()), Stats())
+
+
+class Pipe(Stage, IterDataPipe[Any]):
+    """A shardpipes stage as a DataPipe (see the module docstring)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            found = super().__getattr__(name)  # torch's functional forms
+        except AttributeError:
+            if name not in HINTS:
+                raise
+            msg = (
+                f"'{type(self).__name__}' object has no attribute '{name}': with shardpipes, "
+                f"use {HINTS[name]} (see docs/migrating.md)"
+            )
+            raise AttributeError(msg) from None
+        return _keywords_only(found) if name == "shuffle" else found
+
+    def begin(self) -> None:
+        """Start an iteration (see :class:`~shardpipes._core.stage.Stage`)."""
+        if get_worker_info() is None:  # read here: its own state is this process's
+            READ_IN_WORKERS.pop(self, None)
+        super().begin()
+
+    def stats(self) -> Stats:
+        """What the current (or last) epoch read and skipped, over all DataLoader workers.
+
+        See :class:`~shardpipes.Stats`; counted by the reading stages'
+        :class:`~shardpipes.ErrorPolicy` (their ``handler``).
+        """
+        return stats_of(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the pipeline ending here is, between two items: plain data for a checkpoint.
+
+        Raises:
+            ValueError: Asked in the main process of a DataLoader that reads this pipe in
+                worker processes (save the loader's state), or the pipeline holds a stage
+                that cannot be resumed.
+        """
+        _check_read_here(self)
+        return envelope(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume, at the next iteration, from a :meth:`state_dict` of this pipeline.
+
+        Raises:
+            ValueError: If the state is not one of this version, or does not fit this
+                pipeline (another shard list, seed, split or number of workers: when
+                iteration starts, saying which).
+        """
+        self.reset(pipeline_state(state))
+
+
+def envelope(stage: Any) -> dict[str, Any]:
+    """A pipeline's state as a checkpoint holds it: with its version, worker and epoch.
+
+    ``workers``/``worker``: its place among the workers × ranks that read the epoch (the
+    canonical workers ``resume_from`` replays); ``skipped``: errors a handler skipped
+    this epoch (a replay cannot foresee them).
+    """
+    root = as_stage(stage)
+    total, worker = root.placement()
+    return {
+        "shardpipes": VERSION,
+        "pipeline": root.state(),
+        "workers": total,
+        "worker": worker,
+        "epoch": root.epoch,
+        "skipped": stats_of(stage).errors,
+    }
+
+
+def pipeline_state(state: Any) -> Any:
+    """The pipeline's state in a :meth:`Pipe.state_dict` envelope, checked.
+
+    Raises:
+        ValueError: Not a shardpipes state, or of another version.
+    """
+    if isinstance(state, Mapping) and state.get("shardpipes") == VERSION:
+        if "pipeline" in state:
+            return state["pipeline"]
+        found = "a version 2 envelope with no 'pipeline'"
+    else:
+        found = repr(
+            state.get("shardpipes") if isinstance(state, Mapping) else type(state).__name__
+        )
+    msg = (
+        f"not a shardpipes state of version {VERSION} (got {found}): a state_dict() "
+        "of this pipeline, or a StatefulDataLoader's state of it"
+    )
+    raise ValueError(msg)
+
+
+def _check_read_here(pipe: Any) -> None:
+    """Refuse a pipe's own state in a process whose DataLoader reads it in workers."""
+    loader, workers = READ_IN_WORKERS.get(pipe, (None, 0))
+    if loader is None or loader() is None or get_worker_info() is not None:
+        return
+    msg = (
+        f"this pipe is read by a DataLoader's {workers} worker processes: its state in "
+        "this process holds nothing they read, and resuming from it would repeat the "
+        "epoch. Save the loader's state instead: loader.state_dict() of a "
+        "torchdata StatefulDataLoader (it gathers the workers'); sp.resume_from and "
+        "load_state_dict take it"
+    )
+    raise ValueError(msg)
 
 
 C = TypeVar("C", bound=type)
@@ -57,66 +222,6 @@ def functional_form(name: str) -> Callable[[C], C]:
         return stage
 
     return register
-
-
-class ChainState:
-    """``state_dict`` / ``load_state_dict`` of the whole pipeline that ends at this stage.
-
-    For stages with a count of their own (``mix``, ``limit_samples``, ``cycle_epochs``,
-    ``prefetch_items``), which often end a chain, where a user asks for its state: their
-    count alone would resume the reading from the epoch's start. The count is
-    ``own_state`` / ``load_own``, held in the pipeline's state.
-    """
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state of the pipeline that ends here (reading positions, buffers, counts).
-
-        What ``sp.Resumable(pipe).state_dict()`` gives.
-
-        Raises:
-            ValueError: Asked in the main process of a DataLoader that reads this pipe in
-                worker processes (save the loader's state).
-        """
-        from shardpipes.pipes._loader import check_read_here
-        from shardpipes.pipes.resumable import pipeline_state
-
-        check_read_here(self)  # type: ignore[arg-type]
-        return pipeline_state(self)  # type: ignore[arg-type]
-
-    def load_state_dict(self, state: Any) -> None:
-        """Resume the pipeline that ends here from a :meth:`state_dict`, at its next iteration.
-
-        Raises:
-            ValueError: If the state is not one of this pipeline's shape.
-        """
-        from shardpipes.pipes.resumable import load_pipeline_state
-
-        load_pipeline_state(self, state)  # type: ignore[arg-type]
-
-
-class SampleStage(IterDataPipe[Any]):
-    """A shardpipes stage over samples; see the module docstring."""
-
-    source_datapipe: IterDataPipe[Any]
-
-    def _stream(self, wanted: frozenset[str] | None) -> Iterator[Any]:
-        """This stage's items, composed with the upstream stages' generators.
-
-        Args:
-            wanted: The only fields a downstream stage keeps (``None``: all).
-        """
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[Any]:
-        # a generator: torch's hook names this stage in the errors raised in it
-        yield from self._stream(None)
-
-
-def upstream(source: IterDataPipe[Any], wanted: frozenset[str] | None = None) -> Iterator[Any]:
-    """``source``'s items: its plain generator if it is a sample stage, else ``iter(source)``."""
-    if isinstance(source, SampleStage):
-        return source._stream(wanted)
-    return iter(source)
 
 
 class Functions:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
+import itertools
 import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import numpy
 import torch
 from torch.utils.data import IterDataPipe
+from typing_extensions import override
 
 from shardpipes._core.decoders import (
     Decoder,
@@ -20,17 +23,63 @@ from shardpipes._core.decoders import (
     default_decoders,
 )
 from shardpipes._core.handlers import Handler, check_handler
-from shardpipes._core.steps import guarded
+from shardpipes._core.reading import reference
+from shardpipes._core.steps import InFlight, guard, guarded, threaded
 from shardpipes.errors import UnsafeDataError
-from shardpipes.pipes._length import source_length
-from shardpipes.pipes._stage import Functions, SampleStage, functional_form, upstream
+from shardpipes.pipes._stage import Pipe, functional_form
 from shardpipes.pipes.fields import takes_samples
 
-__all__ = ["SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
+__all__ = ["DecodeOptions", "SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How ``decode`` (and the recipes, by keyword) decode each field.
+
+    Attributes:
+        image: ``"pil"`` (RGB ``PIL.Image``), ``"numpy"`` (uint8 HWC array), ``"torch"``
+            (uint8 CHW tensor) or ``"bytes"`` (leave images encoded); webdataset's
+            ``"rgb8"``, ``"torchrgb8"`` and ``"pilrgb"`` too.
+        resize: Scale images so that their shorter side is this long, decoding JPEGs at
+            a reduced scale where that is enough (torchvision's ``Resize(resize)``).
+        crop: Then cut the central ``crop`` x ``crop`` square (``CenterCrop(crop)``),
+            resampling only that region. ``resize=256, crop=224`` is the usual pair.
+        allow_pickle: Unpickle members with pickle extensions, trusting the data
+            (unpickling runs code the shard's author chose): ``True`` for all of them or a
+            collection such as ``("pyd",)``.
+        decoders: Extension to a callable ``(bytes) -> object``, over the defaults
+            (``{"seg.png": my_fn}``); ``None`` leaves that extension as bytes.
+        threads: Decode on a pool of this many threads, in order: Pillow releases the GIL
+            while it decodes and resizes, so this uses the cores that DataLoader workers
+            leave idle (``num_workers=0`` above all). Below 2: no pool.
+    """
+
+    image: str = "pil"
+    resize: int | None = None
+    crop: int | None = None
+    allow_pickle: bool | Iterable[str] = False
+    decoders: Mapping[str, Decoder | None] = dataclasses.field(default_factory=dict)
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        check_image_mode(self.image)
+        check_allow_pickle(self.allow_pickle)
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
+            msg = f"threads must be a non-negative int (got {self.threads!r})"
+            raise ValueError(msg)
+        decoder_table(self.image, resize=self.resize, crop=self.crop, overrides=self.decoders)
+
+    def decoding(self) -> Decoding:
+        """The decoders these options make."""
+        table = decoder_table(
+            self.image, resize=self.resize, crop=self.crop, allow_pickle=self.allow_pickle,
+            overrides=self.decoders,
+        )  # fmt: skip
+        return Decoding(table)
 
 
 @functional_form("decode")
-class SampleDecoder(SampleStage):
+class SampleDecoder(Pipe):
     """Decodes the fields of each sample by extension (functional name: ``decode``).
 
     Each field is decoded by the decoder for its full extension (``"seg.png"``) if there
@@ -41,25 +90,23 @@ class SampleDecoder(SampleStage):
     ``weights_only=True``). Unknown extensions, and ``__key__``/``__url__``, stay as they
     are. Each sample is decoded into a new dict. Pickle members (``pyd``, ``pickle``,
     ``pkl``) are refused with :class:`~shardpipes.errors.UnsafeDataError` unless
-    ``allow_pickle`` opts in. Pillow's decompression-bomb limit stays on.
+    ``allow_pickle`` opts in. Pillow's decompression-bomb limit stays on. A ``to_tuple``
+    after it has only the fields it picks decoded.
 
     Args:
         source_datapipe: Samples: dicts with ``__key__``, ``__url__`` and ``bytes`` fields.
-        image: ``"pil"`` (RGB ``PIL.Image``), ``"numpy"`` (uint8 HWC array), ``"torch"``
-            (uint8 CHW tensor) or ``"bytes"`` (leave images encoded).
-        resize: Scale images so that their shorter side is this long, decoding JPEGs at
-            a reduced scale where that is enough (torchvision's ``Resize(resize)``).
-        crop: Then cut the central ``crop`` x ``crop`` square (``CenterCrop(crop)``),
-            resampling only that region. ``resize=256, crop=224`` is the usual pair.
+        image: How to decode images (see :class:`~shardpipes.DecodeOptions`).
+        resize: See :class:`~shardpipes.DecodeOptions`.
+        crop: See :class:`~shardpipes.DecodeOptions`.
         handler: What to do with a sample that fails to decode: ``"raise"``, ``"warn"``
             (skip it with a warning), ``"ignore"`` (skip it) or a callable
             ``(exc, context) -> bool`` returning ``True`` to skip.
-        allow_pickle: Unpickle members with pickle extensions, trusting the data
-            (unpickling runs code the shard's author chose): ``True`` for all of them or a
-            collection such as ``("pyd",)``.
+        allow_pickle: See :class:`~shardpipes.DecodeOptions`.
         overrides: Extension to a callable ``(bytes) -> object`` or ``None``, like
             ``**decoders`` but as a mapping (``{"seg.png": my_fn}``). ``**decoders`` win
             over it.
+        threads: See :class:`~shardpipes.DecodeOptions`. The samples taken by the threads
+            and not yet yielded are in the state, as references.
         **decoders: Extension to a callable ``(bytes) -> object``, adding to or overriding
             the defaults (``seg=my_fn``, ``**{"seg.png": my_fn}``); ``None`` leaves that
             extension as bytes.
@@ -84,38 +131,76 @@ class SampleDecoder(SampleStage):
     def __init__(
         self,
         source_datapipe: IterDataPipe[dict[str, Any]],
-        image: str = "pil",
+        image: str | DecodeOptions = "pil",
         *,
         resize: int | None = None,
         crop: int | None = None,
         handler: Handler = "raise",
         allow_pickle: bool | Iterable[str] = False,
         overrides: Mapping[str, Decoder | None] | None = None,
+        threads: int = 0,
         **decoders: Decoder | None,
     ) -> None:
         takes_samples(source_datapipe, "decode")
         super().__init__()
         self.source_datapipe = source_datapipe
-        self.image = check_image_mode(image)
-        self.resize, self.crop = resize, crop
-        self.handler = check_handler(handler)
-        check_allow_pickle(allow_pickle)
-        self.allow_pickle = allow_pickle
-        self.overrides = Functions(dict(overrides or {}))  # lambdas: not in torch's graph walk
-        self.decoders = Functions(decoders)
-        self._decoding = Decoding(
-            decoder_table(
-                image, resize=resize, crop=crop, allow_pickle=allow_pickle,
-                overrides={**self.overrides.items, **decoders},
+        if isinstance(image, DecodeOptions):
+            options = image
+        else:
+            options = DecodeOptions(
+                image, resize, crop, allow_pickle, {**(overrides or {}), **decoders}, threads
             )
-        )  # fmt: skip
+        self.image, self.resize, self.crop = options.image, options.resize, options.crop
+        self.handler = check_handler(handler)
+        self.options = options  # not a collection: torch's graph walk passes it by
+        self._decoding = options.decoding()
+        self._only: frozenset[str] | None = None  # want(): the fields kept downstream
+        self._flight: InFlight | None = None  # threads: samples taken, not yet yielded
+        self._ahead: list[Any] = []  # loaded: those samples, as references
 
-    def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
-        decode = functools.partial(self._decoding.sample, only=wanted)
-        return guarded(upstream(self.source_datapipe, wanted), decode, self.handler)
+    @property
+    def threads(self) -> int:
+        """Decoding threads (see :class:`~shardpipes.DecodeOptions`)."""
+        return self.options.threads
 
-    def __len__(self) -> int:
-        return source_length(self)
+    @override
+    def want(self, fields: frozenset[str] | None) -> None:
+        self._only = fields
+
+    def state(self) -> Any:
+        """The source's state; with ``threads``, the samples in flight as references too."""
+        if self.threads < 2:
+            return self.sources()[0].state()
+        flight = self._flight.pending() if self._flight is not None else self._ahead
+        ahead = [[s["__url__"], s.offset, s.end, s.get("__source__")] for s in flight]
+        return {"source": self.sources()[0].state(), "ahead": ahead}
+
+    @override
+    def reset(self, state: Any = None) -> None:
+        if self.threads < 2:
+            super().reset(state)
+            return
+        self._fresh, self._flight = True, None
+        self._ahead = [] if state is None else [reference(*ref) for ref in state["ahead"]]
+        self.sources()[0].reset(None if state is None else state["source"])
+
+    def _step(self) -> Any:
+        return functools.partial(self._decoding.sample, only=self._only)
+
+    def _iterate(self) -> Iterator[dict[str, Any]]:
+        source = iter(self.source_datapipe)
+        if self.threads < 2:
+            return guarded(source, self._step(), self.handler)
+        ahead, self._ahead = self._ahead, []
+        if ahead:  # restored: the samples the threads held, first
+            source = itertools.chain(self.sources()[0].fetch(ahead), source)
+        self._flight = InFlight()
+        step = guard(self._step(), self.handler)
+        return threaded(source, step, self.threads, self.threads * 2, self._flight)
+
+    @override
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return guarded(self.sources()[0].fetch(refs), self._step(), self.handler)
 
 
 def chw_tensor(array: numpy.ndarray[Any, Any]) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe
@@ -11,8 +11,8 @@ from torch.utils.data import IterDataPipe
 from shardpipes._core import steps
 from shardpipes._core.fields import map_fields, parse_fields, pick_tuple, rename
 from shardpipes._core.handlers import Handler, check_handler
-from shardpipes.pipes._length import source_length
-from shardpipes.pipes._stage import Functions, SampleStage, functional_form, upstream
+from shardpipes._core.stage import as_stage
+from shardpipes.pipes._stage import Functions, Pipe, functional_form
 
 __all__ = ["FieldMapper", "FieldRenamer", "TupleMaker"]
 
@@ -24,28 +24,22 @@ def takes_samples(
 
     Shard URLs (``list_shards``/``split_shards`` without ``open_tar``), tuples
     (``to_tuple``, a recipe with ``fields=``) and batches would fail deep inside on the
-    first item.
+    first item. Asked of the source itself (its ``yields``).
 
     Args:
         source: The stage's source.
         stage: What to call the stage in the message.
         way: A last word on what to do instead.
-        batches: Whether a recipe's batches of dicts (``fields=()``, ``batch_size=``) do.
+        batches: Whether collated batches of dicts (a recipe's ``fields=()``,
+            ``batch_size=``) do.
 
     Raises:
         TypeError: ``source`` yields shard URLs, tuples or batches.
     """
-    from torch.utils.data.datapipes.iter import Batcher
-
-    from shardpipes.pipes.shards import ShardLister, ShardSplitter
-    from shardpipes.pipes.stream import ShardStream
-
-    if isinstance(source, ShardLister | ShardSplitter):
+    kind = as_stage(source).yields
+    if kind == "shards":
         found, fix = "shard URLs", "put .open_tar() before it"
-    elif isinstance(source, TupleMaker | Batcher) or (
-        isinstance(source, ShardStream)
-        and (source.fields or (source.batch_size is not None and not batches))
-    ):
+    elif kind in ("tuples", "batches") or (kind == "collated" and not batches):
         found, fix = "tuples or batches", "put it before to_tuple, batch and collate"
     else:
         return
@@ -53,8 +47,23 @@ def takes_samples(
     raise TypeError(msg)
 
 
+class _Step(Pipe):
+    """A stage that applies a step to each sample (and to each fetched one), holding nothing."""
+
+    handler: Any
+
+    def _step(self) -> Callable[[Any], Any]:
+        raise NotImplementedError
+
+    def _iterate(self) -> Iterator[Any]:
+        return steps.guarded(iter(self.source_datapipe), self._step(), self.handler)
+
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return steps.guarded(self.sources()[0].fetch(refs), self._step(), self.handler)
+
+
 @functional_form("to_tuple")
-class TupleMaker(SampleStage):
+class TupleMaker(_Step):
     """Turns each sample dict into a tuple of some of its fields (functional name: ``to_tuple``).
 
     Always yields a tuple, even for one field (as WebDataset does). In a field,
@@ -95,18 +104,16 @@ class TupleMaker(SampleStage):
         self._alternatives = parse_fields(fields)
         self.fields = fields
         self.handler = check_handler(handler)
+        self.sources()[0].want(steps.wanted(self._alternatives))  # only these are decoded
 
-    def _stream(self, wanted: frozenset[str] | None) -> Iterator[tuple[Any, ...]]:
-        pick = functools.partial(pick_tuple, fields=self._alternatives)
-        source = upstream(self.source_datapipe, steps.wanted(self._alternatives))
-        return steps.guarded(source, pick, self.handler)
+    yields = "tuples"
 
-    def __len__(self) -> int:
-        return source_length(self)
+    def _step(self) -> Callable[[Any], Any]:
+        return functools.partial(pick_tuple, fields=self._alternatives)
 
 
 @functional_form("rename_fields")
-class FieldRenamer(SampleStage):
+class FieldRenamer(_Step):
     """Renames the fields of each sample (functional name: ``rename_fields``).
 
     webdataset's ``.rename(image="jpg;png", label="cls")``: each new name takes the first
@@ -150,16 +157,15 @@ class FieldRenamer(SampleStage):
         self.keep = bool(keep)
         self.handler = check_handler(handler)
 
-    def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
-        step = functools.partial(rename, names=self.names, keep=self.keep)
-        return steps.guarded(upstream(self.source_datapipe), step, self.handler)
+    def _step(self) -> Callable[[Any], Any]:
+        return functools.partial(rename, names=self.names, keep=self.keep)
 
-    def __len__(self) -> int:
-        return source_length(self)
+    def want(self, fields: frozenset[str] | None) -> None:
+        """Renamed fields keep other names below: nothing is left out."""
 
 
 @functional_form("map_fields")
-class FieldMapper(SampleStage):
+class FieldMapper(_Step):
     """Applies a function to some fields of each sample (functional name: ``map_fields``).
 
     webdataset's ``.map_dict(jpg=f, cls=g)``. Holds nothing between samples.
@@ -198,9 +204,8 @@ class FieldMapper(SampleStage):
         self.mapping = Functions(dict(functions))  # lambdas: not in torch's graph walk
         self.handler = check_handler(handler)
 
-    def _stream(self, wanted: frozenset[str] | None) -> Iterator[dict[str, Any]]:
-        step = functools.partial(map_fields, functions=self.mapping.items)
-        return steps.guarded(upstream(self.source_datapipe), step, self.handler)
+    def _step(self) -> Callable[[Any], Any]:
+        return functools.partial(map_fields, functions=self.mapping.items)
 
-    def __len__(self) -> int:
-        return source_length(self)
+    def want(self, fields: frozenset[str] | None) -> None:
+        """A function may read any field: nothing is left out."""

@@ -1,32 +1,36 @@
 """``mix``: samples from several pipes, drawn in proportion to their weights, resumably.
 
 The draws are :class:`~shardpipes._core.mixing.MixDraws` — blocks of 20 in which every
-source has its share, in a random order — seeded by ``(seed, epoch, global worker)``;
-each source splits its own shards over the workers and ranks, so every sample of every
-source comes once per epoch, and ``__source__`` says which source it came from.
+source has its share, in a random order — seeded by ``(seed, epoch, pass, global
+worker)``; each source splits its own shards over the workers and ranks, so every sample
+of every source comes once per epoch, and ``__source__`` says which source it came from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe
+from typing_extensions import override
 
-from shardpipes._core.epochs import EpochCounter
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
-from shardpipes.pipes._epoch import ShardReading, reading_of
-from shardpipes.pipes._length import local_length, no_length
-from shardpipes.pipes._stage import ChainState, graph_pipes
+from shardpipes._core.stage import Clocked, EpochClock, Stage, as_stage, loaded_state, no_length
+from shardpipes.pipes._stage import Pipe
 from shardpipes.pipes.fields import takes_samples
-from shardpipes.pipes.flow import Positioned
-from shardpipes.pipes.shards import PASS_STRIDE, iteration_key, placement_of, splitters
 
 __all__ = ["Mixer", "mix"]
 
 
-class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
+_RECIPES = (
+    "; to mix recipes, give tar_shards a dict of sources: "
+    "sp.recipes.tar_shards({'a': urls_a, 'b': urls_b}, weights={'a': 3, 'b': 1})"
+)
+
+
+class Mixer(Clocked, Pipe):
     """Samples (dicts) from named pipes, each drawn in proportion to its weight.
 
     An epoch draws until every source has run out: while all have samples, the shares
@@ -36,25 +40,22 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
     the name of its source.
 
     Deterministic with ``seed``: the draws are a function of ``(seed, epoch, global
-    worker)``; the sources' own seeds decide their orders. Resumable with the plain
-    ``StatefulDataLoader`` (the draws' position is part of the pipeline's state);
-    ``state_dict()`` is the whole pipeline's (the draws alone: ``own_state()``).
+    worker)``; the sources' own seeds decide their orders. Its state holds the draws'
+    position and every source's state (a source not yet drawn this epoch: its start).
 
     Args:
         sources: Name → a pipe of sample dicts: ``open_tar``, ``shuffle_samples``,
-            ``decode``, ``map`` … chains (a recipe yields tuples: for recipes, give
-            ``tar_shards`` a dict of sources instead).
+            ``decode``, ``map`` … chains.
         weights: Name → weight (non-negative, not all zero); default 1 each.
         seed: The draws' seed.
         epoch_size: Samples per epoch over all workers and ranks, instead of one pass
             over every source: exactly this many, in the weights' proportions; a source
-            that runs out starts another pass (its next epoch: a new order, each sample
-            once per pass). Each of the ``T`` workers (DataLoader workers × ranks) yields
+            that runs out starts another pass (a new order, each sample once per pass).
+            Each of the ``T`` workers (DataLoader workers × ranks) yields
             ``epoch_size // T``, the first ``epoch_size % T`` one more.
         resample: Without ``epoch_size``: an endless epoch, each source starting another
             pass whenever it runs out (what webdataset's ``ResampledShards`` is used
-            for, but without replacement within a pass); end it where you like
-            (``itertools.islice``, a step count).
+            for, but without replacement within a pass); end it where you like.
 
     Raises:
         ValueError: No source, a weight negative, not a number, or naming no source, or
@@ -62,8 +63,6 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
             workers × ranks).
         TypeError: A source is not an ``IterDataPipe``, or a name not a ``str``.
     """
-
-    takes_epoch = True  # shardpipes.set_epoch sets it
 
     def __init__(
         self,
@@ -92,117 +91,109 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
             if not isinstance(pipe, IterDataPipe):
                 msg = f"source {name!r} is not an IterDataPipe (got {type(pipe).__name__})"
                 raise TypeError(msg)
-            takes_samples(
-                pipe, f"mix (source {name!r})",
-                "; for recipes, give tar_shards a dict of sources (tar_shards({'a': urls_a, "
-                "'b': urls_b}, weights=...))", batches=False,
-            )  # fmt: skip
+            takes_samples(pipe, f"mix (source {name!r})", _RECIPES, batches=False)
         if isinstance(seed, bool) or not isinstance(seed, int):
             msg = f"seed must be an int (got {seed!r})"
             raise TypeError(msg)
-        self.sources = dict(sources)
-        self.weights = check_weights(list(self.sources), weights)
+        super().__init__()
+        self.mixed = dict(sources)  # not `sources`: the protocol's method
+        self.weights = check_weights(list(self.mixed), weights)
         self.seed = seed
         self.epoch_size = epoch_size
         self.resample = bool(resample)
-        self._epochs = EpochCounter()
-        self._begun = 0
+        self.clock = EpochClock()
         self._draws: MixDraws | None = None
-        self._epoch = 0
         self._yielded = 0  # samples yielded in the current epoch, by this worker
-        self._pinned: Mapping[str, Any] | None = None
+        self._loaded: Mapping[str, Any] | None = None  # draws the next epoch starts from
 
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the next iteration (later ones count on from it).
+    @override
+    def sources(self) -> list[Stage]:
+        return [as_stage(pipe) for pipe in self.mixed.values()]
 
-        The draws' and every source's ``split_shards`` stage's, as ``shardpipes.set_epoch``.
-        """
-        for source in self.sources.values():
-            for splitter in splitters(source):
-                splitter.set_epoch(epoch)
-        self._epochs.set(epoch)
+    # -- the protocol -------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        self._begun += 1
-        pinned, self._pinned = self._pinned, None
-        if pinned is not None:  # its epoch is counted from the state, not as a new one
-            epoch = int(pinned["epoch"])
-            chosen = self._epochs.chosen()
-            if chosen is not None and chosen != epoch:
-                msg = (
-                    f"the mix's state was saved in epoch {epoch}; this pipe was set to epoch "
-                    f"{chosen} (set_epoch): set the epoch the checkpoint was taken in"
-                )
-                raise ValueError(msg)
-            self._epochs.resumed(epoch)
-        else:
-            epoch = self._epochs.begin(iteration_key(None, self._begun))
-        total, worker = self._placement()
-        quota = self._quota(total, worker)
-        draws = MixDraws(self.weights, self.draw_seed(epoch, worker))
+    def set_epoch(self, epoch: int, *, given: bool = True) -> None:
+        """Set the epoch of the next iteration: the draws' and every source's."""
+        self.clock.set(epoch, given=given)
+        super().set_epoch(epoch, given=given)
+
+    exact = True
+
+    @override
+    def next_pass(self) -> None:
+        self.clock.next_pass()
+        self._draws = self._loaded = None
         self._yielded = 0
-        if pinned is not None and pinned["draws"] is not None:
-            draws.restore(pinned["draws"])
-            self._yielded = int(pinned.get("yielded", 0))
-        self._draws, self._epoch = draws, epoch
-        for pipe in self.sources.values():
-            for splitter in splitters(pipe):
-                splitter.begin_now()  # every source's epoch is counted now, drawn or not
-        held = self._held()
-        for stage in held:
-            stage.await_epoch()  # and its state is that epoch's until drawn
-        streams = {name: iter(pipe) for name, pipe in self.sources.items()}
-        try:
-            pairs = mixed(draws, lambda name: self._next(streams, name))
-            while quota is None or self._yielded < quota:  # quota checked before a draw
-                found = next(pairs, None)
-                if found is None:
-                    break
-                name, sample = found
-                if not isinstance(sample, dict):
-                    msg = (
-                        f"mix takes sample dicts; source {name!r} gave a "
-                        f"{type(sample).__name__}: mix before to_tuple, batch or collate"
-                    )
-                    raise TypeError(msg)
-                sample["__source__"] = name
-                self._yielded += 1
-                yield sample
-            for stage in held:  # loaded into a source this epoch never read (spent before):
-                stage.drop_loaded()  # its epoch counts as done, the next one reads it anew
-            if self.resample or (quota is not None and self._yielded < quota):
+        super().next_pass()
+
+    @override
+    @property
+    def endless(self) -> bool:
+        return self.resample
+
+    @override
+    def want(self, fields: frozenset[str] | None) -> None:
+        for source in self.sources():
+            source.want(fields)
+
+    def state(self) -> dict[str, Any]:
+        """The draws' position, and every source's state."""
+        draws = self._draws.state() if self._draws is not None else None
+        if self._loaded is not None:
+            draws = self._loaded["draws"]
+        return {
+            "sources": {name: as_stage(pipe).state() for name, pipe in self.mixed.items()},
+            **self.clock.state(),
+            "draws": draws,
+            "yielded": self._yielded,
+            "seed": self.seed,
+            "weights": dict(self.weights),
+            "epoch_size": self.epoch_size,
+        }
+
+    def reset(self, state: Mapping[str, Any] | None = None) -> None:
+        """Set up the next iteration: the draws' start, or a saved position.
+
+        Raises:
+            ValueError: The state is of another set of sources, seed, weights or
+                ``epoch_size``.
+        """
+        self._fresh, self._draws = True, None
+        if state is None:
+            self.clock.restart()
+            self._loaded, self._yielded = None, 0
+            for source in self.sources():
+                source.reset(None)
+            return
+        self._check(state)
+        self.clock.load(dict(state), "mix")
+        self._loaded, self._yielded = state, int(state.get("yielded", 0))
+        for name, pipe in self.mixed.items():
+            as_stage(pipe).reset(state["sources"][name])
+
+    def _check(self, state: Any) -> None:
+        loaded_state(state, "mix", "sources")
+        names = list(state["sources"])
+        if sorted(names) != sorted(self.mixed):
+            msg = f"the state was saved for a mix of {names}, this one mixes {list(self.mixed)}"
+            raise ValueError(msg)
+        for key, mine in (
+            ("seed", self.seed),
+            ("weights", dict(self.weights)),
+            ("epoch_size", self.epoch_size),
+        ):
+            if key in state and state[key] != mine:
                 msg = (
-                    f"the sources ran out of samples ({', '.join(self.sources)}: a whole pass "
-                    f"of each gave this worker none) after {self._yielded}, so epoch_size= or "
-                    "resample= cannot be met"
+                    f"the state was saved for a mix with {key}={state[key]!r}; this one has "
+                    f"{key}={mine!r}"
                 )
                 raise ValueError(msg)
-        finally:
-            for stream in streams.values():
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
 
-    def _held(self) -> list[ShardReading | Positioned]:
-        """The sources' stages with a position of their own (readings, counts), one walk."""
-        found = (
-            stage if isinstance(stage, Positioned) else reading_of(stage)
-            for pipe in self.sources.values()
-            for stage in graph_pipes(pipe)
-        )
-        return list(dict.fromkeys(stage for stage in found if stage is not None))
+    # -- iteration ----------------------------------------------------------------------------
 
-    def _placement(self) -> tuple[int, int]:
-        """``(total workers, this one's global index)``, as the sources' splits see it."""
-        return placement_of(self)
-
-    def draw_seed(self, epoch: int, worker: int) -> str:
-        """The seed of global worker ``worker``'s draws in ``epoch``."""
-        return f"{self.seed}:{epoch}:{worker}"
-
-    def resume_epoch(self, epoch: int) -> None:
-        """Make the next iteration ``epoch`` (its sources resumed by ``resume_from``)."""
-        self._epochs.set(epoch)
+    def draw_seed(self, epoch: int, worker: int, pass_: int = 0) -> str:
+        """The seed of global worker ``worker``'s draws in ``epoch`` (and pass)."""
+        return f"{self.seed}:{epoch}:{worker}" + (f":{pass_}" if pass_ else "")
 
     def _quota(self, total: int, worker: int) -> int | None:
         """This worker's share of ``epoch_size`` (``None``: one pass over the sources).
@@ -218,99 +209,94 @@ class Mixer(ChainState, IterDataPipe[dict[str, Any]]):
                 f"({total}): some would have no sample to give"
             )
             raise ValueError(msg)
-        if all(s.even for pipe in self.sources.values() for s in splitters(pipe)):
+        if self.even:
             return self.epoch_size // total
         return share(self.epoch_size, total, worker)
 
-    def _next(self, streams: dict[str, Iterator[Any]], name: str) -> Any | None:
+    def _mix(self, opened: Callable[[str], Iterator[Any]]) -> Iterator[Any]:
+        total, worker = self.placement()
+        quota = self._quota(total, worker)
+        draws = MixDraws(self.weights, self.draw_seed(self.clock.epoch, worker, self.clock.pass_))
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None and loaded["draws"] is not None:
+            draws.restore(loaded["draws"])
+        self.clock.start()
+        self._draws = draws
+        streams: dict[str, Iterator[Any]] = {}  # a source is begun when first drawn
+        try:
+            pairs = mixed(draws, lambda name: self._next(streams, name, opened))
+            while quota is None or self._yielded < quota:  # quota checked before a draw
+                found = next(pairs, None)
+                if found is None:
+                    break
+                name, sample = found
+                if not isinstance(sample, dict):
+                    msg = (
+                        f"mix takes sample dicts; source {name!r} gave a "
+                        f"{type(sample).__name__}: mix before to_tuple, batch or collate"
+                    )
+                    raise TypeError(msg)
+                sample["__source__"] = name
+                self._yielded += 1
+                yield sample
+            if self.resample or (quota is not None and self._yielded < quota):
+                msg = (
+                    f"the sources ran out of samples ({', '.join(self.mixed)}: a whole pass "
+                    f"of each gave this worker none) after {self._yielded}, so epoch_size= or "
+                    "resample= cannot be met"
+                )
+                raise ValueError(msg)
+        finally:
+            for stream in streams.values():
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+
+    def _next(
+        self, streams: dict[str, Iterator[Any]], name: str, opened: Callable[[str], Iterator[Any]]
+    ) -> Any | None:
         """The next sample of source ``name``; ``None`` when it has run out.
 
         With ``epoch_size`` or ``resample``, a source that runs out starts its next pass
         (``None`` only if that pass is empty too).
         """
+        if name not in streams:
+            streams[name] = opened(name)
         try:
             return next(streams[name])
         except StopIteration:
             if self.epoch_size is None and not self.resample:
                 return None
-        for splitter in splitters(self.sources[name]):
-            used = splitter.used()
-            splitter.next_pass((used["epoch"] if used else self._epoch) + PASS_STRIDE)
-        streams[name] = iter(self.sources[name])
+        as_stage(self.mixed[name]).next_pass()
+        streams[name] = opened(name)
         return next(streams[name], None)  # None: a pass with nothing for this worker
 
-    def __len__(self) -> int:
-        """Samples this mix yields in an epoch here (see :mod:`shardpipes.pipes._length`)."""
+    def _iterate(self) -> Iterator[Any]:
+        return self._mix(lambda name: iter(self.mixed[name]))
+
+    def _references(self) -> Iterator[Any]:
+        return self._mix(lambda name: as_stage(self.mixed[name]).references())
+
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        """The samples of these references, each from its ``__source__``."""
+        for name, group in itertools.groupby(refs, key=lambda ref: ref["__source__"]):
+            for sample in as_stage(self.mixed[name]).fetch(group):
+                sample["__source__"] = name
+                yield sample
+
+    def length(self, total: int, worker: int | None) -> int:
+        """Samples this mix yields in an epoch (see :class:`~shardpipes._core.stage.Stage`)."""
         if self.resample:
             no_length(self, "resample=True: its epoch never ends")
-        return local_length(self)
-
-    def pending(self) -> bool:
-        """Whether a loaded state waits for an epoch to begin."""
-        return self._pinned is not None
-
-    def drop_loaded(self) -> None:
-        """Drop a loaded state that no epoch began from; its epoch counts as done."""
-        if self._pinned is not None:
-            if self._epochs.chosen() is None:  # else set_epoch chose the next one
-                self._epochs.resumed(int(self._pinned["epoch"]))
-            self._pinned = None
-
-    def own_state(self) -> dict[str, Any]:
-        """The draws' position in the current epoch (before any: the start of the next).
-
-        Like the reading stages' states, so that a state taken in a process that never
-        iterated (the main process of a loader with workers) is of the same epoch as
-        theirs, and dropped with them.
-        """
-        if self._draws is None:
-            return self._state(self._epochs.current(), None, 0)
-        return self._state(self._epoch, self._draws.state(), self._yielded)
-
-    def upcoming_state(self) -> dict[str, Any]:
-        """The state of the epoch about to begin here: a loaded state, else its start."""
-        if self._pinned is not None:
-            return dict(self._pinned)
-        return self._state(self._epochs.peek(iteration_key(None, self._begun + 1)), None, 0)
-
-    def _state(self, epoch: int, draws: Any, yielded: int) -> dict[str, Any]:
-        return {
-            "epoch": epoch,
-            "draws": draws,
-            "yielded": yielded,
-            "sources": list(self.sources),
-            "seed": self.seed,
-            "weights": dict(self.weights),
-            "epoch_size": self.epoch_size,
-        }
-
-    def load_own(self, state: Mapping[str, Any] | None) -> None:
-        """Resume the draws at the next iteration, from an :meth:`own_state`.
-
-        Raises:
-            ValueError: The state is of another set of sources, seed, weights or
-                ``epoch_size``.
-        """
-        if state is None:
-            return
-        if list(state.get("sources", ())) != list(self.sources):
-            msg = (
-                f"the state was saved for a mix of {state.get('sources')}, this one mixes "
-                f"{list(self.sources)}"
-            )
-            raise ValueError(msg)
-        for key, mine in (
-            ("seed", self.seed),
-            ("weights", dict(self.weights)),
-            ("epoch_size", self.epoch_size),
-        ):
-            if key in state and state[key] != mine:
-                msg = (
-                    f"the state was saved for a mix with {key}={state[key]!r}; this one has "
-                    f"{key}={mine!r}"
-                )
-                raise ValueError(msg)
-        self._pinned = state
+        if self.epoch_size is not None:
+            if worker is None:
+                return sum(self.length(total, w) for w in range(total))
+            return self._quota(total, worker)  # type: ignore[return-value]
+        return sum(
+            as_stage(source).length(total, worker)
+            for name, source in self.mixed.items()
+            if self.weights[name] > 0
+        )
 
 
 def mix(

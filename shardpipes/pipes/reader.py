@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, TypedDict
+from typing import IO, Any
 
 from shardpipes import fs
 from shardpipes._cache import ShardCache, cache_bytes
@@ -22,11 +23,15 @@ from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
 from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
 
-__all__ = ["ReadOptions", "ShardReader", "check_options"]
+__all__ = ["READ_KEYS", "ReadOptions", "ShardReader", "check_options"]
 
 
-class ReadOptions(TypedDict, total=False):
-    """The reading options: ``open_tar``, ``ShardStream`` and the recipes take them as keywords.
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """The reading options: ``open_tar`` and the recipes take them as keywords.
+
+    One frozen object, validated once; ``open_tar(**options)`` and
+    ``tar_shards(..., **options)`` make one of their keywords.
 
     Attributes:
         storage_options: Passed unchanged to the fsspec filesystem (credentials, endpoint).
@@ -54,28 +59,52 @@ class ReadOptions(TypedDict, total=False):
             connections than one carry more than one connection's bandwidth.
     """
 
-    storage_options: Mapping[str, Any] | None
-    handler: Handler
-    max_errors: int | float | None
-    retries: int
-    cache_dir: str | None
-    cache_size: int | str | None
-    max_member_bytes: int
-    readahead: int | str
-    io_concurrency: int
+    storage_options: Mapping[str, Any] | None = None
+    handler: Handler = "raise"
+    max_errors: int | float | None = None
+    retries: int = RetryPolicy.retries
+    cache_dir: str | None = None
+    cache_size: int | str | None = None
+    max_member_bytes: int = MAX_MEMBER_BYTES
+    readahead: int | str = READAHEAD
+    io_concurrency: int = IO_CONCURRENCY
+
+    def __post_init__(self) -> None:
+        size = self.max_member_bytes
+        if isinstance(size, bool) or not (isinstance(size, int) and size >= 0):
+            msg = f"max_member_bytes must be a non-negative int (got {size!r})"
+            raise ValueError(msg)
+        RetryPolicy(retries=self.retries)  # checks it
+        _cache(self.cache_dir, self.cache_size)
+        size_option("readahead", self.readahead, 0, "64MiB")
+        concurrency = self.io_concurrency
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            msg = f"io_concurrency must be an int of at least 1 (got {concurrency!r})"
+            raise TypeError(msg)
+        if concurrency < 1:
+            msg = f"io_concurrency must be at least 1 (got {concurrency!r})"
+            raise ValueError(msg)
 
 
-def check_options(where: str, options: Mapping[str, Any], taker: Callable[..., Any]) -> None:
-    """Raise the ``TypeError`` Python would, for a keyword that is not a reading option.
+READ_KEYS = frozenset(field.name for field in dataclasses.fields(ReadOptions))
 
-    With the closest name the function takes, as in ``did you mean 'batch_size'?``.
+
+def check_options(
+    where: str,
+    options: Mapping[str, Any],
+    taker: Callable[..., Any],
+    known: frozenset[str] = READ_KEYS,
+) -> None:
+    """Raise the ``TypeError`` Python would, for a keyword ``taker`` does not take.
+
+    With the closest name it takes, as in ``did you mean 'batch_size'?``.
 
     Args:
         where: The function that took ``options`` (named in the error).
         options: Its ``**options``.
         taker: That function (or class): its own parameters are suggested too.
+        known: The keywords ``**options`` takes.
     """
-    known = ReadOptions.__required_keys__ | ReadOptions.__optional_keys__
     unknown = sorted(set(options) - known)
     if unknown:
         own = [
@@ -86,7 +115,7 @@ def check_options(where: str, options: Mapping[str, Any], taker: Callable[..., A
         close = difflib.get_close_matches(unknown[0], [*own, *sorted(known)], n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         msg = (
-            f"{where}() got an unexpected keyword argument {unknown[0]!r}{hint} (its reading "
+            f"{where}() got an unexpected keyword argument {unknown[0]!r}{hint} (its "
             f"options: {', '.join(sorted(known))})"
         )
         raise TypeError(msg)
@@ -102,44 +131,26 @@ class ShardReader:
         index: For shards read in parts: ``False`` streams; ``True`` uses the
             ``URL.idx`` sidecar or builds an index on the fly; a mapping gives index URLs
             by shard URL.
-        **options: The :class:`ReadOptions`.
+        options: The :class:`ReadOptions`.
     """
 
     def __init__(
-        self,
-        *,
-        index: bool | Mapping[str, str] = False,
-        storage_options: Mapping[str, Any] | None = None,
-        handler: Handler = "raise",
-        max_errors: int | float | None = None,
-        retries: int = 5,
-        cache_dir: str | None = None,
-        cache_size: int | str | None = None,
-        max_member_bytes: int = MAX_MEMBER_BYTES,
-        readahead: int | str = READAHEAD,
-        io_concurrency: int = IO_CONCURRENCY,
+        self, *, index: bool | Mapping[str, str] = False, options: ReadOptions | None = None
     ) -> None:
-        if not (isinstance(max_member_bytes, int) and max_member_bytes >= 0):
-            msg = f"max_member_bytes must be a non-negative int (got {max_member_bytes!r})"
-            raise ValueError(msg)
-        self.max_member_bytes = max_member_bytes
-        self.storage_options = dict(storage_options or {})
-        self.retry = RetryPolicy(retries=retries)
-        self.cache = _cache(cache_dir, cache_size)
-        self.policy = as_policy(handler, max_errors)  # ErrorPolicy checks the handler
+        options = options or ReadOptions()
+        self.options = options
+        self.max_member_bytes = options.max_member_bytes
+        self.storage_options = dict(options.storage_options or {})
+        self.retry = RetryPolicy(retries=options.retries)
+        self.cache = _cache(options.cache_dir, options.cache_size)
+        self.policy = as_policy(options.handler, options.max_errors)  # checks the handler
         if not isinstance(index, bool | Mapping):
             msg = f"index must be a bool or a mapping of shard URL to index URL (got {index!r})"
             raise TypeError(msg)
         self.index = index
         self._indexes: dict[str, Ranges | None] = {}
-        self.readahead = size_option("readahead", readahead, 0, "64MiB")
-        if isinstance(io_concurrency, bool) or not isinstance(io_concurrency, int):
-            msg = f"io_concurrency must be an int of at least 1 (got {io_concurrency!r})"
-            raise TypeError(msg)
-        if io_concurrency < 1:
-            msg = f"io_concurrency must be at least 1 (got {io_concurrency!r})"
-            raise ValueError(msg)
-        self.io_concurrency = io_concurrency
+        self.readahead = size_option("readahead", options.readahead, 0, "64MiB")
+        self.io_concurrency = options.io_concurrency
         self._ahead: ReadAhead | None = None  # made in the process that reads
 
     def __getstate__(self) -> dict[str, Any]:

@@ -1,31 +1,31 @@
-"""Opening tar shards: a stream of shard URLs in, a stream of samples out."""
+"""The ``open_tar`` stage: shard URLs or parts in, sample dicts out, resumably."""
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+import bisect
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
-from torch.utils.data import IterDataPipe
+from torch.utils.data import IterDataPipe, get_worker_info
+from typing_extensions import override
 
-from shardpipes._core.policy import Stats
-from shardpipes._core.run import Shuffling
-from shardpipes._core.samples import Sample
-from shardpipes._core.split import ShardPart
-from shardpipes.pipes._epoch import ShardReading
-from shardpipes.pipes._length import local_length
-from shardpipes.pipes._stage import SampleStage, functional_form
+from shardpipes._core.reading import PartsReading, reference
+from shardpipes._core.samples import Located, Sample
+from shardpipes._core.split import ShardPart, part_indices
+from shardpipes._core.stage import loaded_state
+from shardpipes.errors import ShardNotFoundError
+from shardpipes.pipes._stage import Pipe, functional_form
+from shardpipes.pipes.index import Ranges, shard_ranges
 from shardpipes.pipes.reader import ReadOptions, ShardReader, check_options
-from shardpipes.pipes.shards import lister_options
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
+__all__ = ["TarOpener", "as_part"]
 
-__all__ = ["TarOpener"]
+FETCHED = 64  #: references fetched at once (by shard, by byte range) when restoring
 
 
 @functional_form("open_tar")
-class TarOpener(SampleStage):
+class TarOpener(Pipe):
     """Stream the samples of tar shards (functional name: ``open_tar``).
 
     Each shard is streamed through ``shardpipes.fs``, its headers parsed as they come
@@ -38,15 +38,16 @@ class TarOpener(SampleStage):
     the shard and skipping (seeking over) the other parts' members, or, with ``index``,
     by reading only the part's byte range.
 
+    Its state is where it is in the epoch: the parts read and the byte offset and index of
+    the next sample, with the ``split_shards`` state below it.
+
     Args:
         source_datapipe: A pipe of shard URLs or ``ShardPart`` items.
         index: For shards read in parts: ``False`` streams; ``True`` uses the ``URL.idx``
             sidecar or builds an index on the fly (a header-only scan); a mapping gives
             index URLs by shard URL.
-        **options: The reading options (:class:`~shardpipes.ReadOptions`):
-            ``storage_options`` (by default those given to ``list_shards`` upstream),
-            ``handler``, ``max_errors``, ``retries``, ``cache_dir``, ``cache_size``,
-            ``max_member_bytes``. :meth:`stats` reads the handler's counts.
+        **options: The reading options (:class:`~shardpipes.ReadOptions`); the
+            ``storage_options`` are by default those given to ``list_shards`` upstream.
 
     Example:
         >>> import io, tarfile, fsspec
@@ -67,58 +68,176 @@ class TarOpener(SampleStage):
         source_datapipe: IterDataPipe[str | ShardPart],
         *,
         index: bool | Mapping[str, str] = False,
-        **options: Unpack[ReadOptions],
+        **options: Any,
     ) -> None:
         check_options("open_tar", options, TarOpener)
         super().__init__()
-        if "storage_options" not in options and (found := lister_options(source_datapipe)):
-            options["storage_options"] = found  # those given to list_shards
         self.source_datapipe = source_datapipe
-        self.reading = ShardReading(source_datapipe, ShardReader(index=index, **options))
+        if "storage_options" not in options:
+            options["storage_options"] = self.sources()[0].listed_options() or None
+        self.reader = ShardReader(index=index, options=ReadOptions(**options))
+        self._run: PartsReading | None = None  # the current epoch's
+        self._position: Mapping[str, Any] | None = None  # where the next epoch starts
+        self._ranges: dict[str, tuple[Ranges, bool]] = {}  # for references (no byte read)
 
-    def _stream(self, wanted: frozenset[str] | None) -> Iterator[Sample]:
-        return self.samples()
+    # -- state ------------------------------------------------------------------------------
 
-    def samples(self, shuffling: Shuffling = (0, 0)) -> Iterator[Sample]:
-        """The epoch's samples, through a shuffle buffer if ``shuffling`` asks for one."""
-        return map(operator.itemgetter(0), self.reading.begin(shuffling))
+    def state(self) -> dict[str, Any]:
+        """The ``split_shards`` state and where the reading is (see the module docs)."""
+        position = self._run.position() if self._run is not None else self._position
+        return {"source": self.sources()[0].state(), "position": position}
 
-    def __len__(self) -> int:
-        return local_length(self)
+    @override
+    def reset(self, state: Mapping[str, Any] | None = None) -> None:
+        state = loaded_state(state, "open_tar", "position")
+        self._fresh, self._run = True, None
+        self._position = None if state is None else state["position"]
+        self.sources()[0].reset(None if state is None else state["source"])
 
-    def stats(self) -> Stats:
-        """What the current (or last) epoch read and skipped, over all DataLoader workers.
+    @override
+    def next_pass(self) -> None:
+        self._run, self._position = None, None
+        super().next_pass()
 
-        See :class:`~shardpipes.Stats`; counted by the pipe's
-        :class:`~shardpipes.ErrorPolicy` (its ``handler``).
-        """
-        return self.reading.stats()
+    @override
+    def policies(self) -> dict[int, Any]:
+        return {id(self.reader.policy): self.reader.policy}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where this pipe is in its epoch: plain data for a checkpoint.
+    def want(self, fields: frozenset[str] | None) -> None:
+        """Members are read whole: nothing to leave out here."""
 
-        Taken between two items it yields, it holds the epoch's shard order and split
-        (the ``split_shards`` states, checked on restore), the number of parts read and the
-        byte offset and index of the next sample, and — with ``shuffle_samples`` — the
-        buffered samples as references ``(shard, start, end)`` with the buffer's random
-        state (a full 5,000-sample buffer: about 120 KB of JSON). The plain
-        ``StatefulDataLoader`` saves it, with any ``num_workers``.
+    # -- iteration ----------------------------------------------------------------------------
 
-        Raises:
-            ValueError: Asked in the main process of a DataLoader that reads this pipe in
-                worker processes (save the loader's state).
-        """
-        from shardpipes.pipes._loader import check_read_here
+    def _iterate(self) -> Iterator[Sample]:
+        info = get_worker_info()
+        source = self.sources()[0]
+        if info is not None and info.num_workers > 1 and not source.split:
+            _no_split(info.num_workers)
+        source.defer_check()  # checked while the first shard is fetched
+        policy = self.reader.policy
+        policy.begin(*((info.id, info.num_workers) if info is not None else (0, 1)))
+        position, self._position = self._position, None
+        run = self._run = PartsReading(self.reader, map(as_part, self.source_datapipe), position)
+        located = run.located()
+        try:
+            first = next(located, None)
+        except ShardNotFoundError:
+            source.checked()  # the check's error names and counts every missing shard
+            raise
+        source.checked()  # every shard exists, before the epoch's first sample
+        if first is not None:
+            yield first.sample
+            for loc in located:
+                yield loc.sample
+        policy.end()
 
-        check_read_here(self)
-        return self.reading.state_dict()
+    def _references(self) -> Iterator[Sample]:
+        position, self._position = self._position, None
+        run = self._run = PartsReading(
+            _References(self), map(as_part, self.source_datapipe), position
+        )
+        return (loc.sample for loc in run.located())
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume, at the next iteration, from a :meth:`state_dict` of this pipeline.
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Sample]:
+        """The samples at these references, in their order, by byte range."""
+        refs = iter(refs)
+        while window := list(itertools.islice(refs, FETCHED)):
+            wanted: dict[str, list[tuple[int, int]]] = {}
+            for ref in window:
+                wanted.setdefault(ref["__url__"], []).append((ref.offset, ref.end))
+            found = {url: self.reader.fetch(url, spans) for url, spans in wanted.items()}
+            for ref in window:
+                yield found[ref["__url__"]][ref.offset]
 
-        Raises:
-            ValueError: If the state is not one of this kind and version, or its
-                ``split_shards`` states do not fit this pipe; a state of another shard
-                list, seed, split or worker raises when iteration starts, saying which.
-        """
-        self.reading.load_state_dict(state)
+    # -- lengths and sample ranges ----------------------------------------------------------
+
+    @override
+    def length(self, total: int, worker: int | None) -> int:
+        if worker is None:  # every worker: any shard order gives this sum
+            return sum(self._samples(total, w, any_order=True) for w in range(total))
+        return self._samples(total, worker)
+
+    def _samples(self, total: int, worker: int, *, any_order: bool = False) -> int:
+        parts, counts = self.sources()[0].parts(total, worker, any_order=any_order)
+        return sum(
+            len(part_indices(part, counts[part.url], streamed=self.streamed(part.url)))
+            for part in parts
+        )
+
+    @override
+    def regroup(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return iter(refs)
+
+    yields = "samples"
+
+    def ranges(self, url: str) -> Ranges:
+        """A shard's sample ranges (uncompressed offsets), from its index or a scan, once."""
+        if url not in self._ranges:
+            self._ranges[url] = shard_ranges(url, self.reader.storage_options)
+        return self._ranges[url][0]
+
+    def streamed(self, url: str) -> bool:
+        """Whether the reader streams the shard (its parts are every ``m``-th sample)."""
+        if self.reader.index is False or url.endswith((".gz", ".tgz")):
+            return True
+        return url in self._ranges and self._ranges[url][1]
+
+
+class _References:
+    """A reader of sample references only: a shard's samples from its ranges, no byte read."""
+
+    def __init__(self, stage: TarOpener) -> None:
+        self.stage = stage
+
+    def samples(
+        self, item: str | ShardPart, *, spans: bool = False, at: tuple[int, int] | None = None
+    ) -> Iterator[Located]:
+        part = as_part(item)
+        ranges = self.stage.ranges(part.url)
+        mine = part_indices(part, len(ranges), streamed=self.stage.streamed(part.url))
+        if at is not None:  # resumed: from the sample at the cursor
+            mine = mine[bisect.bisect_left(mine, at[1]) :]
+        for i in mine:
+            start, end = ranges[i]
+            yield Located(reference(part.url, start, end), start, end, i)
+
+    def upcoming(self, parts: Any) -> None:
+        """Nothing is fetched ahead: no byte is read."""
+
+
+def _no_split(workers: int) -> None:
+    msg = (
+        f"the shards are read in {workers} DataLoader workers, but nothing splits them "
+        "between the workers: each worker would read every shard, and every sample "
+        "would come once per worker. Split the list of shards before open_tar: "
+        ".split_shards() after list_shards(), or torch's .sharding_filter() on the file "
+        "list (before FileOpener); one after open_tar would come too late"
+    )
+    raise ValueError(msg)
+
+
+def as_part(item: Any) -> ShardPart:
+    """What a reading stage reads, from an item of its source.
+
+    A :class:`ShardPart` (``split_shards``), a URL (``list_shards``, ``IterableWrapper``),
+    or a ``(URL, stream)`` pair, as torch's ``FileOpener`` and torchdata's
+    ``FSSpecFileOpener`` give: its stream is closed, the shard is opened by URL (so that it
+    can be read by range, resumed and retried).
+
+    Raises:
+        TypeError: Anything else, naming what it got.
+    """
+    if isinstance(item, ShardPart):
+        return item
+    if isinstance(item, str):
+        return ShardPart(item)
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+        close = getattr(item[1], "close", None)
+        if close is not None:
+            close()
+        return ShardPart(item[0])
+    msg = (
+        "open_tar reads shard URLs (list_shards, split_shards) or (URL, stream) pairs "
+        f"(FileOpener); got a {type(item).__name__}: {str(item)[:100]}"
+    )
+    raise TypeError(msg)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.pipes.reader import ReadOptions, check_options
-from shardpipes.pipes.shards import ShardSplitter
-from shardpipes.pipes.stream import ShardStream
-from shardpipes.recipes._stream import IMAGE_FIELDS, LABEL_FIELDS, lister, mixed_sources
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
+from shardpipes.pipes.resumable import Resumable
+from shardpipes.pipes.split import ShardSplitter
+from shardpipes.recipes._common import (
+    IMAGE_FIELDS,
+    LABEL_FIELDS,
+    Options,
+    chain,
+    finish,
+    lister,
+    mixed,
+)
 
 __all__ = ["tar_shards"]
 
@@ -26,29 +30,23 @@ def tar_shards(
     resample: bool = False,
     shuffle: bool = True,
     seed: int | None = None,
-    epoch: int = 0,
     even: bool = False,
     buffer_size: int = 1000,
     block_shuffle: int | None = None,
+    fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
     transform: Callable[[Any], Any] | None = None,
-    image: str = "pil",
-    resize: int | None = None,
-    crop: int | None = None,
     batch_size: int | None = None,
     drop_last: bool = False,
-    threads: int = 0,
-    fields: Sequence[str] = (IMAGE_FIELDS, LABEL_FIELDS),
-    check_exists: bool = True,
-    **options: Unpack[ReadOptions],
-) -> IterDataPipe[Any]:
+    **options: Any,
+) -> Resumable:
     """Stream (image, label) pairs from many tar shards: the notebook's one-tar-per-worker loader.
 
     Works with any number of shards, DataLoader workers and distributed ranks: each
     worker reads whole shards when there are enough, and a part of a shard's samples when
     there are fewer shards than workers, so every sample comes exactly once per epoch.
-    Reading, shuffling, decoding and batching run in one pipe stage
-    (:class:`~shardpipes.pipes.stream.ShardStream`), which is what makes it fast on
-    small samples; the chained pipes do the same work one stage at a time.
+    It is the chain ``list_shards`` → ``split_shards`` → ``open_tar`` →
+    ``shuffle_samples`` → ``decode`` → ``to_tuple`` (→ ``map`` → ``batch`` → ``collate``)
+    in a :class:`~shardpipes.Resumable` root.
 
     Args:
         urls: Shard URLs, brace patterns or globs (``"s3://b/train-{000..099}.tar"``); or
@@ -70,8 +68,6 @@ def tar_shards(
             order is then a function of ``(seed, epoch, workers × ranks)``, the same on
             every run. By default the DataLoader's seed (broadcast from rank 0 under
             ``torch.distributed``) decides.
-        epoch: The first epoch. Each new iteration is the next epoch; ``pipe.set_epoch(e)``
-            chooses one (as with ``DistributedSampler``).
         even: Every worker (hence every distributed rank) yields the same number of
             samples, for DDP: up to ``total workers - 1`` samples are dropped per epoch (see
             :class:`~shardpipes.ShardSplitter`; it reads each shard's sample count from its
@@ -85,36 +81,21 @@ def tar_shards(
             ``block_shuffle`` near ``buffer_size / 30``.
             Needs uncompressed shards, and their sample counts (``.idx`` sidecars, else a
             header scan). With ``shuffle``; by default off.
-        transform: Applied to each decoded image (the first field).
-        image: ``"pil"``, ``"numpy"``, ``"torch"`` or ``"bytes"`` (see ``decode``).
-        resize: Scale each image so that its shorter side is this long; JPEGs are
-            decoded at a reduced scale where that is enough.
-        crop: Then cut the central ``crop`` x ``crop`` square; only that region is
-            resampled. ``resize=256, crop=224`` gives what torchvision's ``Resize(256)``
-            and ``CenterCrop(224)`` give, faster.
+        transform: Applied to each decoded image (the first field; the whole sample dict
+            with ``fields=()``).
         batch_size: Collate batches of this many samples in the worker
             (:func:`~shardpipes.collate_samples`: a uint8 ``(B, C, H, W)`` tensor and an
             int64 label tensor); hand the pipe to ``DataLoader(pipe, batch_size=None)``.
             Default: single samples.
         drop_last: Drop each worker's last, shorter batch.
-        threads: Decode on this many threads per worker (Pillow releases the GIL while
-            decoding): for cores that DataLoader workers leave idle, e.g. with
-            ``num_workers=0``. Default: no threads.
         fields: The fields of each sample, in order, each maybe with ``;``-separated
             alternatives; the default is (image, label). ``("bin", "cls")`` reads other
             data; only the named fields are decoded.
-        check_exists: Check that every shard exists when an epoch starts, before reading
-            any (one listing per folder; see :class:`~shardpipes.ShardLister`).
-        **options: The reading options (:class:`~shardpipes.ReadOptions`):
-            ``storage_options`` (passed to the fsspec filesystem); ``handler``, what every
-            stage does with a bad member, sample or shard (``"raise"``, ``"warn"`` to skip
-            and warn naming it, ``"ignore"``, a callable, or an ``ErrorPolicy``: the pipe's
-            ``stats()`` counts what it skipped); ``max_errors``, the epoch's budget of
-            skipped errors; ``retries`` after a transient storage failure (resuming the
-            shard at the byte reached); ``cache_dir`` and ``cache_size``, a local cache of
-            remote shards (least recently used evicted); ``max_member_bytes`` (1 GiB);
-            ``readahead`` (``"64MiB"``), the bytes of remote shards each worker fetches
-            ahead, and ``io_concurrency`` (4), its ranged requests in flight.
+        **options: The reading options (:class:`~shardpipes.ReadOptions`: one ``handler``
+            for every stage, ``storage_options``, ``retries``, ``cache_dir``…), the
+            decoding options (:class:`~shardpipes.DecodeOptions`: ``image``, ``resize``,
+            ``crop``, ``threads``…), and ``check_exists`` (see
+            :class:`~shardpipes.ShardLister`).
 
     Returns:
         A pipe to hand to ``torch.utils.data.DataLoader(pipe, batch_size=…, num_workers=…)``.
@@ -124,58 +105,53 @@ def tar_shards(
         >>> pipe = tar_shards("data/train-{000..099}.tar", image="torch", resize=256,
         ...                   crop=224, batch_size=64)
     """
-    check_options("tar_shards", options, tar_shards)
+    given = Options.of("tar_shards", tar_shards, options)
     if not isinstance(shuffle, bool):
         msg = (
             f"shuffle must be True or False (got {shuffle!r}); the shuffle buffer's size is "
             "buffer_size="
         )
         raise TypeError(msg)
-    if not isinstance(urls, Mapping) and (epoch_size is not None or resample):
-        if weights is not None:
-            msg = "weights= is for a dict of sources, e.g. tar_shards({'web': urls_a, ...})"
-            raise TypeError(msg)
-        urls = {"shards": urls}  # one source, read in passes
-    if isinstance(urls, Mapping):
-        stage: dict[str, Any] = dict(
-            shuffle=shuffle, epoch=epoch, even=even, buffer_size=buffer_size,
-            block_shuffle=block_shuffle, image=image, resize=resize, crop=crop, threads=threads,
-            check_exists=check_exists, **options,
-        )  # fmt: skip
-
-        def source(i: int, urls: Any) -> IterDataPipe[Any]:
-            return tar_shards(urls, fields=(), seed=None if seed is None else seed + i, **stage)
-
-        return mixed_sources(
-            urls, weights, source, seed=seed, epochs=(epoch_size, resample), fields=fields,
-            transform=transform, batch_size=batch_size, drop_last=drop_last,
-            handler=options.get("handler", "raise"),
-        )  # fmt: skip
-    if weights is not None:
+    if not isinstance(urls, Mapping) and weights is not None:
         msg = (
             "weights= is for a dict of sources, e.g. tar_shards("
             '{"web": urls_a, "books": urls_b}, weights={"web": 3, "books": 1})'
         )
         raise TypeError(msg)
-    storage_options = options.get("storage_options")
-    shards = ShardSplitter(
-        lister(urls, options, check_exists=check_exists),
-        shuffle=shuffle, seed=seed, even=even, storage_options=storage_options,
-        block_shuffle=block_shuffle,
-    )  # fmt: skip
-    if epoch != 0:  # set_epoch: a loaded state must then be of that epoch
-        shards.set_epoch(epoch)
-    stream = ShardStream(
-        shards,
-        fields=fields,
-        image=image,
-        resize=resize,
-        crop=crop,
-        transform=transform,
-        batch_size=batch_size,
-        drop_last=drop_last,
-        threads=threads,
-        buffer_size=buffer_size,
-        **options,
+    if not isinstance(urls, Mapping) and (epoch_size is not None or resample):
+        urls = {"shards": urls}  # one source, read in passes
+    read: dict[str, Any] = {
+        "shuffle": shuffle, "even": even, "buffer_size": buffer_size, "block_shuffle": block_shuffle
+    }  # fmt: skip
+    if isinstance(urls, Mapping):
+        sources = {
+            name: _source(one, given, seed=None if seed is None else seed + i, **read)
+            for i, (name, one) in enumerate(urls.items())
+        }
+        pipe = mixed(
+            sources, weights, given, seed=seed, epoch_size=epoch_size, resample=resample,
+            fields=fields,
+        )  # fmt: skip
+    else:
+        pipe = _source(urls, given, seed=seed, fields=fields, **read)
+    return finish(
+        pipe, fields=fields, transform=transform, batch_size=batch_size, drop_last=drop_last
     )
-    return stream.set_shuffle(shuffle)
+
+
+def _source(
+    urls: str | Sequence[str],
+    given: Options,
+    *,
+    shuffle: bool,
+    seed: int | None,
+    even: bool,
+    buffer_size: int,
+    block_shuffle: int | None,
+    fields: Sequence[str] = (),
+) -> IterDataPipe[Any]:
+    shards = ShardSplitter(
+        lister(urls, given), shuffle=shuffle, seed=seed, even=even,
+        storage_options=given.read.get("storage_options"), block_shuffle=block_shuffle,
+    )  # fmt: skip
+    return chain(shards, given, buffer_size=buffer_size, shuffle=shuffle, fields=fields)

@@ -23,9 +23,9 @@ import pytest
 import shardpipes as sp
 from shardpipes import fs
 from shardpipes._readahead import FIRST_BLOCK
-from shardpipes.pipes._epoch import readings
 from tests.cloud.servers import SeaweedS3
 from tests.cloud.test_readahead import big_shard
+from tests.conftest import opener_of
 
 TOKEN = "Bearer let-me-in"
 
@@ -160,7 +160,7 @@ def test_a_failed_or_abandoned_pipeline_stops_fetching_ahead(server: tuple[Rules
     rules.token, rules.redirect = TOKEN, True
     urls, _ = shards(rules, base)
     pipe = sp.recipes.tar_shards(urls, fields=("__key__",), shuffle=False, check_exists=False)
-    ahead = readings(pipe)[0].reader.ahead
+    ahead = opener_of(pipe).reader.ahead
     with pytest.raises(sp.StorageAccessError) as raised:
         list(pipe)
     assert ahead._sources == []

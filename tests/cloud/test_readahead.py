@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader, graph_settings
 import shardpipes as sp
 from shardpipes import fs
 from shardpipes._readahead import MIN_BLOCK
-from shardpipes.pipes._epoch import readings
 from tests.cloud.faults import ResetProxy
 from tests.cloud.servers import SeaweedS3, StaticHTTP
+from tests.conftest import opener_of
 
 SAMPLE = 200_000  # bytes of payload per sample
 
@@ -104,7 +104,7 @@ def test_the_budget_holds_and_the_next_shard_comes_ahead(
     pipe = sp.recipes.tar_shards(
         urls, fields=("cls", "__key__"), shuffle=False, readahead="3MiB", io_concurrency=2
     )
-    ahead = readings(pipe)[0].reader.ahead
+    ahead = opener_of(pipe).reader.ahead
     seen, early = Counter[str](), []
     fs.READ_STATS.reset()
     for _, key in pipe:
@@ -125,7 +125,7 @@ def test_readahead_zero_reads_block_by_block(
     urls = http_server.add({f"zero/{p.name}": p for p in paths})
     pipe = sp.recipes.tar_shards(urls, fields=("cls", "__key__"), shuffle=False, readahead=0)
     assert keys_of(pipe) == Counter(keys)
-    assert readings(pipe)[0].reader.ahead.peak <= MIN_BLOCK
+    assert opener_of(pipe).reader.ahead.peak <= MIN_BLOCK
 
 
 def test_bad_readahead_options() -> None:

@@ -131,9 +131,12 @@ class TestTupleMaker:
         assert len(TupleMaker(IterableWrapper(_samples()), "cls")) == 4
 
     def test_len_without_source_length(self) -> None:
-        """Without a source length, len() raises torch's TypeError naming this pipe."""
+        """Without a source length, len() raises torch's TypeError naming the pipe, and why."""
         pipe = TupleMaker(IterableWrapper(_samples()).filter(bool), "cls")
-        with pytest.raises(TypeError, match=r"^TupleMaker instance doesn't have valid length$"):
+        with pytest.raises(
+            TypeError,
+            match=r"^FilterIterDataPipe instance doesn't have valid length: shardpipes cannot count",
+        ):
             len(pipe)
 
 

@@ -12,7 +12,6 @@ import pytest
 from torch.utils.data import DataLoader
 
 import shardpipes as sp
-from shardpipes.pipes._length import worker_length
 from tests.conftest import Dataset
 
 COUNTS = [13, 7, 20, 9, 11]  # unequal shards: what each worker reads depends on the split
@@ -67,7 +66,7 @@ def test_every_worker_counted_once(indexed: Dataset) -> None:
     """Over the workers of any split, the counts add up to every sample once."""
     pipe = sp.list_shards(indexed.urls).split_shards(shuffle=True, seed=2).open_tar()
     for total in (1, 2, 3, 6, 8):  # 8 workers: fewer shards than workers, split by sample
-        assert sum(worker_length(pipe, total, w) for w in range(total)) == sum(COUNTS)
+        assert sum(pipe.length(total, w) for w in range(total)) == sum(COUNTS)
 
 
 def test_unknown_lengths_say_why(make_shards: Callable[..., Dataset], indexed: Dataset) -> None:

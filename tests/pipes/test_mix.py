@@ -140,7 +140,8 @@ def test_a_mix_ending_a_chain_gives_the_chains_state(two: tuple[Dataset, Dataset
     state = first.state_dict()
     samples.close()
     assert state == sp.Resumable(first).state_dict()
-    assert len(state["stages"]) == 2 and state["mixes"][0]["yielded"] == 23
+    assert sorted(state["pipeline"]["sources"]) == ["a", "b"]
+    assert state["pipeline"]["yielded"] == 23
     second = mixed(two, seed=3)
     second.load_state_dict(state)
     assert before + keyed(second) == whole
@@ -240,22 +241,22 @@ def test_epoch_size_with_persistent_workers_keeps_the_workers_together(
     assert epochs[0] != epochs[1]
 
 
-def test_a_pass_epoch_stays_in_its_process(two: tuple[Dataset, Dataset]) -> None:
-    """next_pass: that epoch for the next iteration, the shared count and key untouched.
+def test_a_pass_is_a_new_order_in_the_same_epoch(two: tuple[Dataset, Dataset]) -> None:
+    """next_pass (a mix's epoch_size, cycle_epochs): a new order, the epoch untouched.
 
     So workers that made different numbers of passes still agree on the loader's epochs.
     """
-    from shardpipes.pipes.shards import PASS_STRIDE
-
     splitter = sp.list_shards(two[0].urls).split_shards(shuffle=True, seed=1)
     first = list(splitter)
-    begun, epoch = splitter._begun, splitter.epoch
-    splitter.next_pass(epoch + PASS_STRIDE)
+    epoch = splitter.epoch
+    splitter.next_pass()
     again = list(splitter)
-    assert splitter.used()["epoch"] == epoch + PASS_STRIDE  # type: ignore[index]
-    assert (splitter._begun, splitter.epoch) == (begun, epoch)
+    assert (splitter.epoch, splitter.pass_) == (epoch, 1)
+    assert splitter.state()["pass"] == 1
     assert sorted(again) == sorted(first) and again != first
-    assert list(splitter) != again  # the next iteration counts on as before
+    after = list(splitter)  # a bare iteration: the next epoch, from its first pass
+    assert (splitter.epoch, splitter.pass_) == (epoch + 1, 0)
+    assert after not in (first, again)
 
 
 def test_set_epoch_on_the_mix_sets_its_sources(two: tuple[Dataset, Dataset]) -> None:

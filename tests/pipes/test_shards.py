@@ -13,7 +13,8 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import shardpipes as sp
 from shardpipes import NoShardsError, ShardPart
-from shardpipes.pipes.shards import ShardLister, ShardSplitter
+from shardpipes.pipes.shards import ShardLister
+from shardpipes.pipes.split import ShardSplitter
 from tests.conftest import Dataset
 
 

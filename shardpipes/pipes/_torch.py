@@ -1,0 +1,252 @@
+"""torch core's pipes, seen as stages: the one place that knows them.
+
+A chain puts torch's ``map``, ``filter``, ``batch`` and ``collate`` between shardpipes'
+stages, and the shard URLs often come from torch's own sources (``IterableWrapper``,
+``FileLister``, ``sharding_filter``, ``FileOpener``). :func:`adapt` gives each a
+:class:`~shardpipes._core.stage.Stage` view: the protocol reaches through it to the stage
+below, its iteration is torch's own. A pipe that holds items a state cannot describe
+(torch's ``shuffle``, ``fork``, ``zip``…) is refused by name, when its state is asked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from torch.utils.data import IterDataPipe, get_worker_info
+from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
+from torch.utils.data.datapipes.iter import (
+    Batcher,
+    FileLister,
+    FileOpener,
+    Filter,
+    IterableWrapper,
+    Mapper,
+    ShardingFilter,
+    Shuffler,
+)
+
+from shardpipes._core.stage import Leaf, Stage, as_stage, install_adapter, no_length
+
+__all__ = ["adapt", "distributed", "reads_ours", "worker_placement"]
+
+
+def distributed() -> tuple[int, int]:
+    """``(world size, rank)`` of ``torch.distributed``, or ``(1, 0)`` when not initialized."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+def worker_placement(ranks: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``(total workers, global index)`` from the DataLoader worker and the distributed rank.
+
+    Args:
+        ranks: ``(world size, rank)`` when known (taken in the main process: a worker
+            started by ``spawn`` has no process group); default :func:`distributed`.
+    """
+    from shardpipes._core.split import global_worker
+
+    info = get_worker_info()
+    num_workers, worker_id = (info.num_workers, info.id) if info is not None else (1, 0)
+    world_size, rank = ranks or distributed()
+    return global_worker(world_size, rank, num_workers, worker_id)
+
+
+class _View(Stage):
+    """A torch pipe as a stage: its iteration is torch's, the protocol goes to its source."""
+
+    def __init__(self, pipe: IterDataPipe[Any], source: Any) -> None:
+        self.pipe, self.source_datapipe = pipe, source
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.pipe)
+
+    def want(self, fields: frozenset[str] | None) -> None:
+        """A function of torch's may use any field: nothing below is told to drop any."""
+
+
+class _OneForOne(_View):
+    """``map``, ``collate`` (and torch's serialization wrapper): one item out per item in."""
+
+    @property
+    def yields(self) -> str | None:
+        below = self.sources()[0]
+        if below.yields != "batches":
+            return None  # a function of the user's
+        # collated batches: of tuples, tuples again; of dicts, dicts of batched fields
+        return "tuples" if below.sources()[0].yields == "tuples" else "collated"
+
+    def references(self) -> Iterator[Any]:
+        return self.sources()[0].references()
+
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        items = self.sources()[0].fetch(refs)
+        apply = getattr(self.pipe, "_apply_fn", None)
+        return items if apply is None else map(apply, items)
+
+
+class _Filtering(_View):
+    """``filter``: which items it keeps is known only from the items themselves."""
+
+    exact = False
+
+    def references(self) -> Iterator[Any]:
+        return self.sources()[0].references()
+
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return filter(self.pipe._apply_filter_fn, self.sources()[0].fetch(refs))
+
+    def length(self, total: int, worker: int | None) -> int:
+        no_length(self.pipe, "shardpipes cannot count what a filter keeps before reading")
+
+    def regroup(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return self.sources()[0].regroup(refs)
+
+
+class _Batching(_View):
+    """``batch``: lists of ``batch_size`` items (the last shorter unless ``drop_last``)."""
+
+    yields = "batches"
+
+    def _batches(self, items: Iterator[Any]) -> Iterator[Any]:
+        size, drop_last = self.pipe.batch_size, self.pipe.drop_last
+        while batch := list(itertools.islice(items, size)):
+            if len(batch) == size or not drop_last:
+                yield self.pipe.wrapper_class(batch)
+
+    def references(self) -> Iterator[Any]:
+        return self._batches(self.sources()[0].references())
+
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return self._batches(self.sources()[0].fetch(refs))
+
+    def _count(self, n: int) -> int:
+        size = int(self.pipe.batch_size)
+        return n // size if self.pipe.drop_last else math.ceil(n / size)
+
+    def length(self, total: int, worker: int | None) -> int:
+        if worker is None:  # each worker batches its own items
+            return sum(self.length(total, w) for w in range(total))
+        return self._count(self.sources()[0].length(total, worker))
+
+    def regroup(self, refs: Iterable[Any]) -> Iterator[Any]:
+        return self._batches(self.sources()[0].regroup(refs))
+
+
+class _Leaf(Leaf, _View):
+    """A source of shard URLs (``IterableWrapper``, ``FileLister``, ``FileOpener``…)."""
+
+    def __init__(self, pipe: IterDataPipe[Any], split: bool, yields: str | None) -> None:
+        _View.__init__(self, pipe, None)
+        self._split = split
+        self.yields = yields  # shard URLs from a lister; from an IterableWrapper, not known
+
+    def placement(self) -> tuple[int, int]:
+        return worker_placement()
+
+    @property
+    def split(self) -> bool:  # type: ignore[override]
+        return self._split
+
+    def length(self, total: int, worker: int | None) -> int:
+        if self.yields is None:  # items, not shards: every worker reads all (or its share)
+            source = self.pipe.source_datapipe if isinstance(self.pipe, ShardingFilter) else None
+            n = len(source if source is not None else self.pipe)
+            if source is not None:
+                return n if worker is None else len(range(worker, n, total))
+            return n * total if worker is None else n
+        no_length(self.pipe, "its shards are not split by split_shards")
+
+
+class _Refused(_View):
+    """A pipe that holds items between two of its own a state cannot describe."""
+
+    def sources(self) -> list[Stage]:
+        if self.source_datapipe is None:  # several sources (zip, mux…): nothing to reach
+            self._refuse()
+        return super().sources()
+
+    def _refuse(self) -> None:
+        name = type(self.pipe).__name__
+        way = (
+            "for a sample shuffle buffer use .shuffle_samples(buffer_size=N) after open_tar "
+            "(or a recipe's buffer_size), which saves its buffer as byte ranges"
+            if isinstance(self.pipe, Shuffler)
+            else "resumable stages are shardpipes' own and torch's map, filter, batch, collate"
+        )
+        msg = (
+            f"a pipeline with {name} cannot be resumed exactly: it holds items between two "
+            f"batches that a checkpoint cannot describe. {way}; if you do not resume, use "
+            "torch.utils.data.DataLoader"
+        )
+        raise ValueError(msg)
+
+    def state(self) -> Any:
+        self._refuse()
+
+    def reset(self, state: Any = None) -> None:
+        if state is not None:
+            self._refuse()
+        super().reset(None)
+
+    def references(self) -> Iterator[Any]:
+        self._refuse()
+        return iter(())
+
+    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
+        self._refuse()
+        return iter(())
+
+
+def adapt(pipe: Any) -> Stage:
+    """A stage view of a pipe that is not a shardpipes stage (see the module docstring).
+
+    Raises:
+        ValueError: ``pipe`` is not a DataPipe.
+    """
+    if isinstance(pipe, _IterDataPipeSerializationWrapper):
+        return _OneForOne(pipe, pipe._datapipe)
+    if isinstance(pipe, Mapper):  # collate too
+        return _OneForOne(pipe, pipe.datapipe)
+    if isinstance(pipe, Filter):
+        return _Filtering(pipe, pipe.datapipe)
+    if isinstance(pipe, Batcher):
+        return _Batching(pipe, pipe.datapipe)
+    if isinstance(pipe, IterableWrapper):
+        return _Leaf(pipe, split=False, yields=None)
+    if isinstance(pipe, FileLister):
+        return _Leaf(pipe, split=False, yields="shards")
+    if isinstance(pipe, ShardingFilter | FileOpener):
+        below = as_stage(
+            pipe.source_datapipe if isinstance(pipe, ShardingFilter) else pipe.datapipe
+        )
+        yields = below.yields if isinstance(pipe, ShardingFilter) else "shards"
+        return _Leaf(pipe, split=isinstance(pipe, ShardingFilter) or below.split, yields=yields)
+    source = getattr(pipe, "source_datapipe", getattr(pipe, "datapipe", None))
+    if isinstance(pipe, IterDataPipe) and isinstance(source, IterDataPipe):
+        return _Refused(pipe, source)
+    if isinstance(pipe, IterDataPipe):
+        return _Refused(pipe, None)
+    msg = f"not a DataPipe: {type(pipe).__name__}"
+    raise ValueError(msg)
+
+
+install_adapter(adapt)
+
+
+def reads_ours(pipe: Any) -> bool:
+    """Whether a shardpipes stage stands in the chain that ends at ``pipe``."""
+    from shardpipes.pipes._stage import Pipe
+
+    for _ in range(10_000):  # a chain, not a graph: each pipe's one source
+        if isinstance(pipe, Pipe):
+            return True
+        pipe = getattr(pipe, "datapipe", getattr(pipe, "source_datapipe", None))
+        if pipe is None:
+            return False
+    return False
