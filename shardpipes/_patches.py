@@ -145,14 +145,20 @@ def _wrap(datapipe: Any) -> Any:
     return _IterDataPipeSerializationWrapper(datapipe)  # type: ignore[no-untyped-call]
 
 
+def _wrapper_of(loader: Any) -> LoaderPipe | None:
+    """The :class:`LoaderPipe` a loader wraps its dataset in, if shardpipes reads in it."""
+    wrapper = loader.__dict__.get("dataset")
+    return wrapper if isinstance(wrapper, LoaderPipe) else None
+
+
 def _told(init: Callable[..., None]) -> Callable[..., None]:
     """A loader's ``__init__`` that tells its :class:`LoaderPipe` its ``num_workers``."""
     from shardpipes.pipes._stage import READ_IN_WORKERS
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method
         init(self, *args, **kwargs)
-        wrapper = self.__dict__.get("dataset")
-        if isinstance(wrapper, LoaderPipe):
+        wrapper = _wrapper_of(self)
+        if wrapper is not None:
             wrapper.num_workers = self.num_workers
             if self.num_workers > 0:
                 READ_IN_WORKERS[wrapper.pipe] = (weakref.ref(self), self.num_workers)
@@ -167,9 +173,9 @@ def _handing(iterate: Callable[..., Any]) -> Callable[..., Any]:
     """A loader's ``__iter__`` that hands the next epoch to its :class:`LoaderPipe` first."""
 
     def __iter__(self: Any) -> Any:  # noqa: N807 - the method
-        wrapper = self.__dict__.get("dataset")
+        wrapper = _wrapper_of(self)
         # a StatefulDataLoader whose state_dict() made the iterator reuses it: handed then
-        if isinstance(wrapper, LoaderPipe) and not self.__dict__.get(_MADE_FOR_STATE):
+        if wrapper is not None and not self.__dict__.get(_MADE_FOR_STATE):
             wrapper.hand_out()
         return iterate(self)
 
@@ -188,8 +194,8 @@ def _handing_for_state(state_dict: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def wrapped(self: Any) -> Any:
-        wrapper = self.__dict__.get("dataset")
-        if isinstance(wrapper, LoaderPipe) and self.__dict__.get("_iterator") is None:
+        wrapper = _wrapper_of(self)
+        if wrapper is not None and self.__dict__.get("_iterator") is None:
             wrapper.hand_out()
         return state_dict(self)
 
@@ -202,8 +208,8 @@ def _checked(load: Callable[..., None]) -> Callable[..., None]:
     """``StatefulDataLoader.load_state_dict``: its ``num_workers`` checked, its epoch told."""
 
     def load_state_dict(self: Any, state_dict: Any) -> None:
-        wrapper = self.__dict__.get("dataset")
-        if isinstance(wrapper, LoaderPipe) and isinstance(state_dict, Mapping) and state_dict:
+        wrapper = _wrapper_of(self)
+        if wrapper is not None and isinstance(state_dict, Mapping) and state_dict:
             saved = _saved_workers(state_dict)
             if saved is not None and saved != self.num_workers:
                 msg = (

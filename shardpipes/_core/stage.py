@@ -75,6 +75,11 @@ def no_length(pipe: Any, why: str = "") -> NoReturn:
     raise TypeError(f"{msg}: {why}" if why else msg)
 
 
+def is_rest(state: Any) -> bool:
+    """Whether a pipeline state is the rest of an epoch ``sp.resume_from`` began (its root's)."""
+    return isinstance(state, Mapping) and "rest" in state and "done" in state
+
+
 def loaded_state(state: Any, what: str, key: str, **same: Any) -> Any:
     """A state given to ``what``'s ``reset``, checked: ``None``, or a mapping with ``key``.
 
@@ -86,7 +91,7 @@ def loaded_state(state: Any, what: str, key: str, **same: Any) -> Any:
     """
     if state is None:
         return None
-    if isinstance(state, Mapping) and "rest" in state and "done" in state:
+    if is_rest(state):
         msg = (
             f"this is the state of the rest of an epoch that sp.resume_from began, not a "
             f"{what} state: load it into sp.Resumable(pipe) (which the DataLoader and the "

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.shuffle import unpack
-from shardpipes._core.stage import Stage, as_stage
+from shardpipes._core.stage import Stage, as_stage, is_rest
 from shardpipes.pipes._stage import pipeline_state
 from shardpipes.pipes.resumable import Resumable, deal, flatten
 
@@ -87,7 +87,7 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     if root.endless:  # an endless epoch has no rest: the next one begins
         root.set_epoch(saved["epoch"] + 1)
         return Resumable(inner)  # type: ignore[return-value]
-    rests = _rest_of_rests(workers, saved) if "rest" in saved["pipeline"] else _rests(root, workers)
+    rests = _rest_of_rests(workers, saved) if is_rest(saved["pipeline"]) else _rests(root, workers)
     root.place(None)
     root.reset(None)
     resumed = Resumable(inner)

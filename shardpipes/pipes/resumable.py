@@ -9,7 +9,7 @@ through their one protocol. The recipes return one, the loader's wrapper uses on
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from shardpipes._core.shuffle import pack, unpack
 from shardpipes._core.split import block
+from shardpipes._core.stage import is_rest
 from shardpipes.pipes._stage import Pipe
 
 __all__ = ["Resumable", "deal", "flatten"]
@@ -110,7 +111,7 @@ class Resumable(Pipe):
     @override
     def reset(self, state: Any = None) -> None:
         self._fresh, self._running = True, False
-        if isinstance(state, Mapping) and "rest" in state and "done" in state:
+        if is_rest(state):
             self._rest, self._done = dict(state["rest"]), int(state["done"])
             return
         if state is not None:

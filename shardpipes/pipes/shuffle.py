@@ -82,8 +82,12 @@ class SampleShuffler(Pipe):
     @property
     def seeded(self) -> bool:
         """A buffer without a fixed seed (its own, or the split's) takes the DataLoader's."""
-        unfixed = self.seed is None and self.sources()[0].split_seed() is None
+        unfixed = self._fixed_seed() is None
         return not (self.enabled and self.buffer_size >= 2 and unfixed) and super().seeded
+
+    def _fixed_seed(self) -> int | None:
+        """This stage's seed, else the ``split_shards`` stage's; ``None`` if neither."""
+        return self.seed if self.seed is not None else self.sources()[0].split_seed()
 
     def state(self) -> dict[str, Any]:
         """The source's state, and the buffer as references (see ``ShuffleBuffer``)."""
@@ -116,7 +120,7 @@ class SampleShuffler(Pipe):
 
     def _seed(self, source: Any) -> int:
         """A function of ``(seed, epoch, pass, global worker)``; random without a seed."""
-        base = self.seed if self.seed is not None else source.split_seed()
+        base = self._fixed_seed()
         if base is None:
             base = self._shared
         if base is None:  # no DataLoader: a fresh seed from torch's generator, as its shuffle
