@@ -11,6 +11,10 @@
   that the workers start from: a bare ``iter(loader)`` after one that began is the next
   epoch, as for the pipe itself. Persistent workers keep their copies between epochs:
   they read the epoch handed out from one shared integer (a tensor in shared memory).
+- **A StatefulDataLoader's state under PyTorch Lightning**: Lightning fetches a batch
+  ahead of a loader without ``len()``, and the state it saves counts that batch as
+  delivered. The first ``state_dict()`` of a loader with no length, Lightning imported,
+  warns naming the way out (``.idx`` sidecars).
 - **A state loaded into a StatefulDataLoader** is checked for its ``num_workers``
   (torchdata asserts it later without a message), and its epoch told to the main
   process's pipe, from which the workers of the next epoch start.
@@ -23,6 +27,8 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from importlib import metadata
@@ -151,12 +157,37 @@ def _wrapper_of(loader: Any) -> LoaderPipe | None:
     return wrapper if isinstance(wrapper, LoaderPipe) else None
 
 
+def _refuse_redealt(loader: Any) -> None:
+    """Refuse a loader over another loader's pipe: accelerate's ``prepare()`` makes one.
+
+    It deals an iterable dataset's items out over the processes again (every ``k``-th
+    batch, ``IterableDatasetShard``), or reads them on process 0 alone and sends them out
+    (``dispatch_batches``). shardpipes splits the shards by rank itself: the first drops
+    half of each rank's samples, the second reads one rank's share only.
+    """
+    dataset = loader.__dict__.get("dataset")
+    if isinstance(dataset, _IterDataPipeSerializationWrapper):  # torch's, or ours
+        inner = dataset._datapipe
+    else:  # accelerate's IterableDatasetShard holds it as .dataset
+        inner = getattr(dataset, "dataset", None)
+    if isinstance(inner, LoaderPipe):
+        msg = (
+            "this DataLoader deals out the items of a DataLoader over a shardpipes pipe "
+            "again (accelerate's prepare() of the loader does), but shardpipes already "
+            "splits the shards by rank: samples would be dropped or read by one rank only. "
+            "Prepare the model and optimizer, not the loader: iterate the StatefulDataLoader "
+            "itself and save its state per process (README: 'Under accelerate')."
+        )
+        raise TypeError(msg)
+
+
 def _told(init: Callable[..., None]) -> Callable[..., None]:
     """A loader's ``__init__`` that tells its :class:`LoaderPipe` its ``num_workers``."""
     from shardpipes.pipes._stage import READ_IN_WORKERS
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method
         init(self, *args, **kwargs)
+        _refuse_redealt(self)
         wrapper = _wrapper_of(self)
         if wrapper is not None:
             wrapper.num_workers = self.num_workers
@@ -186,6 +217,27 @@ def _handing(iterate: Callable[..., Any]) -> Callable[..., Any]:
 _MADE_FOR_STATE = "_initial_iter_for_state_dict"  # torchdata's flag
 
 
+_LENGTH_TOLD = "_shardpipes_length_told"
+_FETCHING_AHEAD = ("lightning", "pytorch_lightning")  # fetch a batch ahead without len()
+
+
+def _warn_fetched_ahead(loader: Any) -> None:
+    """Warn if a trainer that fetches ahead of a loader without ``len()`` is imported."""
+    if not any(name in sys.modules for name in _FETCHING_AHEAD):
+        return
+    try:
+        len(loader)
+    except TypeError as exc:
+        msg = (
+            f"this loader has no len() ({exc}). PyTorch Lightning fetches a batch ahead of "
+            "a loader without len(), and the state it saves then counts that batch as "
+            "delivered: a run resumed from it skips one batch. Give the shards .idx "
+            "sidecars (`shardpipes index URL`; ShardWriter and `shardpipes write` write "
+            "them) and the resumption is exact."
+        )
+        warnings.warn(msg, UserWarning, stacklevel=3)
+
+
 def _handing_for_state(state_dict: Callable[..., Any]) -> Callable[..., Any]:
     """``StatefulDataLoader.state_dict``: an iterator it makes is handed the epoch first.
 
@@ -197,6 +249,9 @@ def _handing_for_state(state_dict: Callable[..., Any]) -> Callable[..., Any]:
         wrapper = _wrapper_of(self)
         if wrapper is not None and self.__dict__.get("_iterator") is None:
             wrapper.hand_out()
+        if wrapper is not None and not self.__dict__.get(_LENGTH_TOLD):
+            self.__dict__[_LENGTH_TOLD] = True
+            _warn_fetched_ahead(self)
         return state_dict(self)
 
     wrapped._shardpipes = True  # type: ignore[attr-defined]

@@ -13,7 +13,8 @@ rewrites of its syntax tree (nothing else is changed):
   disjoint ranges of the real shards), a glob is kept. ``storage_options=`` on a call whose
   URL is rewritten gets that server's options. Any other ``.tar`` or absolute path fails.
 - ``num_workers=N`` becomes ``min(N, 2)`` (2 cores).
-- ``for … in loader:`` records what the loop saw; ``pipe = …`` records each pipe built.
+- ``for … in loader:`` (or ``in enumerate(loader)``) records what the loop saw; ``pipe = …``
+  records each pipe built.
 
 A block after a ```sh block of ``shardpipes write SRC out/…`` in the same section (the
 README's quickstart) reads what the command wrote: the test makes an image folder at
@@ -21,6 +22,9 @@ README's quickstart) reads what the command wrote: the test makes an image folde
 and points ``out/…`` at its shards instead. A block that calls ``init_process_group`` runs
 as a world of one here (what torchrun sets for one process); `test_ddp_block_under_torchrun`
 runs it on two ranks.
+
+A block that imports Lightning or accelerate runs as a script in a process of its own
+(`test_trainer_block`; an accelerate one under ``accelerate launch`` on 2 processes).
 
 A block that imports ``shardpipes`` is a self-contained example: it must import what it
 uses. Any other block continues its page and starts with the imports of the page's first
@@ -57,7 +61,7 @@ import torch
 
 from tests.cloud import conftest as cloud
 from tests.realdata import RealShards, build_shards, random_size, real_image
-from tests.torchrun import torchrun
+from tests.torchrun import accelerate_launch, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -73,6 +77,9 @@ LOCAL_PATHS = {"/mnt/nvme/shards": "cache"}
 SHARD_PATH = re.compile(
     r"^(?:(?P<scheme>s3|gs|az|https?)://[^/]+/(?:[^/]+/)*|(?:data|out)/)train-(?P<names>[^/]+)\.tar$"
 )
+# blocks that train under these run in a process of their own (test_trainer_block): in
+# this one, Lightning or accelerate once imported would change what later tests see
+TRAINERS = ("lightning", "accelerate")
 BRACE_RANGE = re.compile(r"^\{\d+\.\.\d+\}$")
 HEADING = re.compile(r"^#{1,3} (.+)$")
 
@@ -118,15 +125,25 @@ class Block:
         return {m["scheme"] for m in paths if m and m["scheme"]}
 
     @property
+    def packages(self) -> set[str]:
+        """The top-level packages the block imports."""
+        names: list[str] = []
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names.append(node.module or "")
+        return {name.split(".")[0] for name in names}
+
+    @property
+    def trainer(self) -> str | None:
+        """The trainer the block runs under (``lightning``, ``accelerate``), if any."""
+        return next((name for name in TRAINERS if name in self.packages), None)
+
+    @property
     def imports_shardpipes(self) -> bool:
         """Whether the block imports shardpipes itself (a self-contained example)."""
-        for node in ast.walk(self.tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            if any(name.split(".")[0] == "shardpipes" for name in names):
-                return True
-        return False
+        return "shardpipes" in self.packages
 
 
 def string_constants(tree: ast.AST) -> list[str]:
@@ -260,7 +277,20 @@ class Rewriter(ast.NodeTransformer):
         self.generic_visit(node)
         if isinstance(node.iter, ast.Name) and node.iter.id == "loader":
             node.iter = hook("_readme_seen", node.iter)
+        elif is_enumerate_loader(node.iter):  # enumerate(loader, ...)
+            node.iter.args[0] = hook("_readme_seen", node.iter.args[0])
         return node
+
+
+def is_enumerate_loader(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "enumerate"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == "loader"
+    )
 
 
 def hook(name: str, value: ast.expr) -> ast.Call:
@@ -401,7 +431,7 @@ def test_every_page_is_collected() -> None:
     assert BLOCKS[0].commands
 
 
-@pytest.mark.parametrize("block", [case(b) for b in BLOCKS])
+@pytest.mark.parametrize("block", [case(b) for b in BLOCKS if not b.trainer])
 def test_readme_block(
     block: Block,
     real_shards: RealShards,
@@ -487,8 +517,8 @@ def _readme_seen(loader):
 
 """
 RANK_REPORT = """
-with open(os.path.join({out!r}, f"rank{{os.environ['RANK']}}.json"), "w") as _f:
-    json.dump({{"world_size": os.environ["WORLD_SIZE"], "loops": _readme_loops}}, _f)
+with open(os.path.join({out!r}, f"rank{{os.environ.get('RANK', '0')}}.json"), "w") as _f:
+    json.dump({{"world_size": os.environ.get("WORLD_SIZE", "1"), "loops": _readme_loops}}, _f)
 """
 
 
@@ -511,3 +541,33 @@ def test_ddp_block_under_torchrun(real_shards: RealShards, tmp_path: Path) -> No
         assert all(ranks), f"epoch {n}: a rank read nothing"
         assert len(ranks[0]) == len(ranks[1]), f"epoch {n}: even=True, yet the ranks differ"
         assert_epoch([*ranks[0], *ranks[1]], Counter(real_shards.labels), f"epoch {n}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [case(b) for b in BLOCKS if b.trainer])
+def test_trainer_block(block: Block, real_shards: RealShards, tmp_path: Path) -> None:
+    """A Lightning block runs as a script; an accelerate one on 2 processes, each sample once.
+
+    The accelerate block stops after its checkpoint and resumes: on each process its two
+    loops are one epoch, and the processes share it out.
+    """
+    tree = rewritten(
+        block, Rewriter({"local": str(real_shards.folder)}, len(real_shards.paths), tmp_path)
+    )
+    script = tmp_path / "train.py"
+    script.write_text(RANK_PRELUDE + ast.unparse(tree) + RANK_REPORT.format(out=str(tmp_path)))
+    if block.trainer == "accelerate":
+        done = accelerate_launch(script, cwd=tmp_path)
+    else:
+        done = torchrun(script, ranks=None, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = 2 if block.trainer == "accelerate" else 1
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+    assert [r["world_size"] for r in reports] == [str(ranks)] * ranks
+    if block.trainer == "lightning":
+        assert "Restored all states from the checkpoint" in done.stderr
+        return
+    epochs = [[x for loop in r["loops"] for x in loop] for r in reports]
+    assert all(len(r["loops"]) == 2 for r in reports), "a loop stopped, then the rest"
+    assert len(epochs[0]) == len(epochs[1]), "even=True, yet the processes differ"
+    assert_epoch([*epochs[0], *epochs[1]], Counter(real_shards.labels), "the epoch")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,23 @@ def torchrun(
             f"--- stdout (tail)\n{stdout[-3000:]}\n--- stderr (tail)\n{stderr[-12000:]}"
         )
     return subprocess.CompletedProcess(cmd, code, stdout, stderr)
+
+
+def accelerate_launch(
+    script: Path | str, args: Sequence[str] = (), *, processes: int = 2, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script args`` under ``accelerate launch`` on ``processes`` CPU processes.
+
+    ``--multi_gpu`` is accelerate's launcher of torchrun's processes; without a GPU they
+    train on the CPU (gloo), as ``accelerate launch --cpu`` would run one process only.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launch = ["accelerate.commands.launch", "--multi_gpu", f"--num_processes={processes}",
+              "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
+              f"--main_process_port={port}"]  # fmt: skip
+    return torchrun("-m", [*launch, str(script), *args], ranks=None, cwd=cwd)
 
 
 def arm_stack_dump() -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "build_index",
     "index_url",
     "is_gzip",
+    "local_ranges",
     "read_index",
     "shard_ranges",
     "write_index",
@@ -47,6 +48,19 @@ def is_gzip(stream: IO[bytes]) -> bool:
     magic = stream.read(2)
     stream.seek(0)
     return magic == b"\x1f\x8b"
+
+
+def local_ranges(url: str, storage_options: Mapping[str, Any] | None = None) -> Ranges | None:
+    """A local plain tar's sample ranges from a walk of its headers; ``None`` for others.
+
+    The walk seeks over member data: a local shard's count costs one read per member
+    header, as ``tar -t`` pays. A remote shard (a request per header) or a gzip one (read
+    whole) has no cheap count.
+    """
+    if fs.is_remote(url):
+        return None
+    with fs.open_input(url, storage_options) as stream:
+        return None if is_gzip(stream) else _scan(stream, url)
 
 
 def _scan(stream: IO[bytes], url: str) -> Ranges:

@@ -18,7 +18,7 @@ from shardpipes._core.stage import Clocked, EpochClock, as_stage, no_length
 from shardpipes._retry import RetryPolicy
 from shardpipes.pipes._stage import Pipe, functional_form
 from shardpipes.pipes._torch import worker_placement
-from shardpipes.pipes.index import Ranges, read_index, shard_ranges
+from shardpipes.pipes.index import Ranges, local_ranges, read_index, shard_ranges
 
 __all__ = ["ShardSplitter", "check_process_group", "set_epoch"]
 
@@ -301,11 +301,13 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
         return len(self._parts(list(iter(self.source_datapipe)), total, worker))
 
     def _known_counts(self, urls: list[str]) -> dict[str, int]:
-        """Each shard's sample count from its ``.idx`` sidecar (no scan), found once.
+        """Each shard's sample count from its ``.idx`` sidecar, found once.
 
-        Read 16 at a time, each storage call tried once: ``list(pipe)`` asks for ``len()``
-        first (a length hint), and must not pay retries for it. Any failure is a
-        ``TypeError`` (which ``list()`` passes over), chained to the cause.
+        Without one, a local plain tar's headers are walked (:func:`local_ranges`); a
+        remote or gzip shard's count is unknown. Read 16 at a time, each storage call
+        tried once: ``list(pipe)`` asks for ``len()`` first (a length hint), and must not
+        pay retries for it. Any failure is a ``TypeError`` (which ``list()`` passes
+        over), chained to the cause.
         """
         once = RetryPolicy(retries=0)
 
@@ -313,6 +315,8 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
             ranges = read_index(
                 url, storage_options=self.storage_options, index=self.index.get(url), retry=once
             )
+            if ranges is None and url not in self.index:
+                ranges = local_ranges(url, self.storage_options)
             return None if ranges is None else (ranges, False)
 
         missing = [url for url in dict.fromkeys(urls) if self._ranges.get(url) is None]
@@ -327,8 +331,9 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
         if unknown is not None:
             no_length(
                 self,
-                f"the sample count of {unknown} is not known: `shardpipes index URL` writes "
-                "its .idx sidecar, from which len() is exact",
+                f"the sample count of {unknown} is not known (a remote or gzip shard without "
+                "an .idx sidecar): `shardpipes index URL` writes its sidecar, from which "
+                "len() is exact",
             )
         return {url: len(self._ranges[url][0]) for url in urls}  # type: ignore[index]
 

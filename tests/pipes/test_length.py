@@ -69,10 +69,25 @@ def test_every_worker_counted_once(indexed: Dataset) -> None:
         assert sum(pipe.length(total, w) for w in range(total)) == sum(COUNTS)
 
 
+def test_local_shards_without_sidecars_are_counted_from_their_headers(
+    make_shards: Callable[..., Dataset], indexed: Dataset
+) -> None:
+    """A local plain tar without ``.idx`` (webdataset's, ``tar``'s) has an exact len()."""
+    plain = make_shards(3, [5, 2, 4], base=str(Path(indexed.urls[0]).parent.parent / "plain"))
+    assert not any(Path(url + ".idx").exists() for url in plain.urls)
+    pipe = sp.recipes.tar_shards(plain.urls, fields=("txt", "cls"), seed=1, batch_size=2)
+    loader = DataLoader(pipe, batch_size=None, num_workers=2)
+    assert len(loader) == sum(1 for _ in loader) == 6  # any split of 5, 2, 4 in two: 6 batches
+
+
 def test_unknown_lengths_say_why(make_shards: Callable[..., Dataset], indexed: Dataset) -> None:
-    plain = make_shards(2, 5, base=str(Path(indexed.urls[0]).parent.parent / "plain"))
-    loader = DataLoader(sp.recipes.tar_shards(plain.urls), batch_size=None, num_workers=2)
-    with pytest.raises(TypeError, match=r"sample count of .*train-000000\.tar is not known: "):
+    packed = make_shards(
+        2, 5, base=str(Path(indexed.urls[0]).parent.parent / "packed"), suffix=".tar.gz"
+    )
+    loader = DataLoader(sp.recipes.tar_shards(packed.urls), batch_size=None, num_workers=2)
+    with pytest.raises(
+        TypeError, match=r"sample count of .*train-000000\.tar\.gz is not known \(a remote or gzip"
+    ):
         len(loader)
     unseeded = sp.recipes.tar_shards(indexed.urls, batch_size=4)  # shuffled by the loader
     with pytest.raises(TypeError, match=r"give split_shards .* a seed="):
