@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch.utils.data import IterDataPipe, get_worker_info
@@ -155,7 +155,7 @@ class _Leaf(Leaf, _View):
 
     def length(self, total: int, worker: int | None) -> int:
         if self.yields is None:  # items, not shards: every worker reads all (or its share)
-            source = self.pipe.source_datapipe if isinstance(self.pipe, ShardingFilter) else None
+            source = getattr(self.pipe, "source_datapipe", None)  # sharding_filter's
             n = len(source if source is not None else self.pipe)
             if source is not None:
                 return n if worker is None else len(range(worker, n, total))
@@ -203,37 +203,36 @@ class _Refused(_View):
         return iter(())
 
 
+#: torch's pipes and their stage views, by class: the first of a pipe's classes (its MRO)
+#: found here makes its view (``collate`` is a ``map``, our loader wrapper torch's)
+_VIEWS: dict[type, Callable[[Any], Stage]] = {
+    _IterDataPipeSerializationWrapper: lambda pipe: _OneForOne(pipe, pipe._datapipe),
+    Mapper: lambda pipe: _OneForOne(pipe, pipe.datapipe),
+    Filter: lambda pipe: _Filtering(pipe, pipe.datapipe),
+    Batcher: lambda pipe: _Batching(pipe, pipe.datapipe),
+    IterableWrapper: lambda pipe: _Leaf(pipe, split=False, yields=None),
+    FileLister: lambda pipe: _Leaf(pipe, split=False, yields="shards"),
+    ShardingFilter: lambda pipe: _Leaf(
+        pipe, split=True, yields=as_stage(pipe.source_datapipe).yields
+    ),
+    FileOpener: lambda pipe: _Leaf(pipe, split=as_stage(pipe.datapipe).split, yields="shards"),
+}
+
+
 def adapt(pipe: Any) -> Stage:
     """A stage view of a pipe that is not a shardpipes stage (see the module docstring).
 
     Raises:
         ValueError: ``pipe`` is not a DataPipe.
     """
-    if isinstance(pipe, _IterDataPipeSerializationWrapper):
-        return _OneForOne(pipe, pipe._datapipe)
-    if isinstance(pipe, Mapper):  # collate too
-        return _OneForOne(pipe, pipe.datapipe)
-    if isinstance(pipe, Filter):
-        return _Filtering(pipe, pipe.datapipe)
-    if isinstance(pipe, Batcher):
-        return _Batching(pipe, pipe.datapipe)
-    if isinstance(pipe, IterableWrapper):
-        return _Leaf(pipe, split=False, yields=None)
-    if isinstance(pipe, FileLister):
-        return _Leaf(pipe, split=False, yields="shards")
-    if isinstance(pipe, ShardingFilter | FileOpener):
-        below = as_stage(
-            pipe.source_datapipe if isinstance(pipe, ShardingFilter) else pipe.datapipe
-        )
-        yields = below.yields if isinstance(pipe, ShardingFilter) else "shards"
-        return _Leaf(pipe, split=isinstance(pipe, ShardingFilter) or below.split, yields=yields)
+    view = next((_VIEWS[c] for c in type(pipe).__mro__ if c in _VIEWS), None)
+    if view is not None:
+        return view(pipe)
+    if not isinstance(pipe, IterDataPipe):
+        msg = f"not a DataPipe: {type(pipe).__name__}"
+        raise ValueError(msg)
     source = getattr(pipe, "source_datapipe", getattr(pipe, "datapipe", None))
-    if isinstance(pipe, IterDataPipe) and isinstance(source, IterDataPipe):
-        return _Refused(pipe, source)
-    if isinstance(pipe, IterDataPipe):
-        return _Refused(pipe, None)
-    msg = f"not a DataPipe: {type(pipe).__name__}"
-    raise ValueError(msg)
+    return _Refused(pipe, source if isinstance(source, IterDataPipe) else None)
 
 
 install_adapter(adapt)
