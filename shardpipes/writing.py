@@ -4,21 +4,49 @@ The shape webdataset's writers have: a context manager whose ``write(sample)`` t
 with ``"__key__"`` and one value per extension, encoded by its extension
 (:mod:`shardpipes._core.encoders`), onto any fsspec URL. The tar bytes are
 :class:`~shardpipes._core.writer.TarShardWriter`'s: fixed metadata, so the same samples
-always give the same bytes, and keys checked to be safe file names.
+always give the same bytes, and keys checked to be safe file names. A URL ending in
+``.gz`` or ``.tgz`` is gzip-compressed, as webdataset's writers do (and has no sidecar).
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any
 
 from shardpipes import fs
 from shardpipes._core.encoders import encode_value
 from shardpipes._core.writer import ShardInfo, TarShardWriter, check_key, size_option
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "encode"]
+
+_GZIP = (".gz", ".tgz")
+
+
+class _Gzipped(gzip.GzipFile):
+    """A gzip stream onto an output file, which its ``close`` closes too."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="wb", mtime=0)  # the same bytes every time
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
+def _output(options: Mapping[str, Any]) -> Callable[[str], IO[bytes]]:
+    """Open a shard (or sidecar) for writing; gzip-compressed if its name says so."""
+
+    def open_output(url: str) -> IO[bytes]:
+        raw = fs.open_output(url, options)
+        return _Gzipped(raw) if url.endswith(_GZIP) else raw
+
+    return open_output
 
 
 def encode(sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,7 +125,8 @@ class ShardWriter(_Writer):
         storage_options: Passed to the fsspec filesystem.
         index: Write each shard's ``URL.idx`` sidecar, the byte range of every sample:
             ``len()`` is then exact without reading the shards, and a shard can be split
-            between workers by byte range (``False``: none, as webdataset writes).
+            between workers by byte range (``False``: none, as webdataset writes). A
+            ``.tar.gz`` shard has none: ranged reads need an uncompressed tar.
 
     Example:
         >>> import shardpipes as sp
@@ -123,7 +152,7 @@ class ShardWriter(_Writer):
         options = dict(storage_options or {})
         writer = TarShardWriter(
             pattern,
-            opener=lambda url: fs.open_output(url, options),
+            opener=_output(options),
             max_samples=_positive("maxcount", maxcount),
             max_bytes=(
                 size_option("maxsize", maxsize, 1, "256MB")
@@ -131,7 +160,7 @@ class ShardWriter(_Writer):
                 else _positive("maxsize", maxsize)
             ),
             remove=lambda url: fs.remove_file(url, options),
-            index=index,
+            index=index and not pattern.endswith(_GZIP),
         )
         if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
             msg = f"start_shard must be a non-negative int (got {start_shard!r})"
@@ -170,10 +199,10 @@ class TarWriter(_Writer):
         super().__init__(
             TarShardWriter(
                 url,
-                opener=lambda url: fs.open_output(url, options),
+                opener=_output(options),
                 remove=lambda url: fs.remove_file(url, options),
                 single=True,
-                index=index,
+                index=index and not url.endswith(_GZIP),
             )
         )
 

@@ -85,6 +85,26 @@ def assert_arrays(got: list[Any], want: list[Any]) -> None:
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")  # webdataset leaves its files open
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_tar_gz_name_is_written_compressed_as_webdataset_does(tmp_path: Path) -> None:
+    """``.tar.gz``: gzip bytes (no sidecar: ranged reads need a plain tar), read by both."""
+    wds = pytest.importorskip("webdataset")
+    shards = write(str(tmp_path / "w-%03d.tar.gz"), maxcount=2)
+    assert len(shards) == 3
+    for shard in shards:
+        assert Path(shard.url).read_bytes()[:2] == b"\x1f\x8b"
+        assert not Path(shard.url + ".idx").exists()
+    with sp.TarWriter(str(tmp_path / "one.tgz")) as sink:
+        sink.write(samples()[0])
+    assert (tmp_path / "one.tgz").read_bytes()[:2] == b"\x1f\x8b"
+    keys = [s["__key__"] for s in samples()]
+    ours = sp.list_shards([s.url for s in shards]).split_shards(shuffle=False).open_tar()
+    assert [s["__key__"] for s in ours] == keys
+    theirs = wds.WebDataset([s.url for s in shards], shardshuffle=False)
+    assert [s["__key__"] for s in theirs] == keys
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # webdataset leaves its files open
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_written_shards_read_back_in_webdataset(tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset")
     shards = write(str(tmp_path / "w-%03d.tar"), maxcount=3)

@@ -42,7 +42,10 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*", re.IGNORECASE)
 
 
 class ShardInfo(NamedTuple):
-    """A shard written by :class:`TarShardWriter`: its URL, sample count and size in bytes."""
+    """A shard written by :class:`TarShardWriter`: its URL, sample count and tar size in bytes.
+
+    The size is the tar's, before any compression (a ``.tar.gz`` is smaller on disk).
+    """
 
     url: str
     samples: int
