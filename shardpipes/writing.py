@@ -14,7 +14,7 @@ import functools
 import gzip
 import sys
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from shardpipes import fs
 from shardpipes._core.encoders import encode_value
@@ -44,7 +44,7 @@ def _output(options: Mapping[str, Any]) -> Callable[[str], IO[bytes]]:
 
     def open_output(url: str) -> IO[bytes]:
         raw = fs.open_output(url, options)
-        return _Gzipped(raw) if url.endswith(_GZIP) else raw
+        return cast("IO[bytes]", _Gzipped(raw)) if url.endswith(_GZIP) else raw
 
     return open_output
 
