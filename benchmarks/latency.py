@@ -322,7 +322,7 @@ def targets(table: dict[str, Any], sp_options: dict[str, Any]) -> list[dict[str,
         value = cell.get(row, {}).get(key)
         return float(value) if value is not None else None
 
-    from shardpipes._readahead import READAHEAD
+    from shardpipes.fs.readahead import READAHEAD
 
     readahead = sp_options.get("readahead", READAHEAD)
     bound = (readahead if isinstance(readahead, int) else 0) / (1 << 20) + RSS_CONSTANT_MIB

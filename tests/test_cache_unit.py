@@ -1,4 +1,4 @@
-"""shardpipes._cache.ShardCache driven directly, on a folder of tmp_path.
+"""shardpipes.fs.cache.ShardCache driven directly, on a folder of tmp_path.
 
 What mutation testing found that the end-to-end cache tests (tests/cloud/test_cache.py)
 leave open: the entry names a later run must find again, the edges of the ranges a block
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardpipes._cache import ShardCache, cache_bytes
+from shardpipes.fs.cache import ShardCache, cache_bytes
 
 URL = "s3://bucket/dir/train 001?.tar"
 

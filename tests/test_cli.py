@@ -194,7 +194,9 @@ class TestWrite:
                 seen.append(dict(options or {}))
                 return _real(url, options)
 
-            monkeypatch.setattr(fs, name, spy)
+            for module in (fs, fs.backends, fs.files, fs.reads):
+                if getattr(module, name, None) is real:
+                    monkeypatch.setattr(module, name, spy)
         argv = ["-o", "auto_mkdir=true", "-o", "block_size=1024", "-o", "tag=a=b"]
         status, _, _ = _run(capsys, "write", source[0], str(tmp_path / "t-%d.tar"), *argv)
         assert status == 0

@@ -10,9 +10,9 @@ from botocore.exceptions import NoCredentialsError
 
 import shardpipes as sp
 from shardpipes import fs
-from shardpipes._cache import cache_bytes
-from shardpipes._retry import RetryPolicy, denied, gave_up, missing, transient
 from shardpipes.errors import StorageError
+from shardpipes.fs.cache import cache_bytes
+from shardpipes.fs.retry import RetryPolicy, denied, gave_up, missing, transient
 
 
 class StatusError(Exception):
@@ -86,7 +86,7 @@ class TestBackendOptions:
     def test_defaults_where_the_user_set_none(self) -> None:
         """Every backend gets its retries off and the connect timeout, unless already set."""
         s3 = fs.backend_options("s3://b/k", {"key": "k"})
-        assert s3["key"] == "k" and s3["default_block_size"] == fs.S3_BLOCK_SIZE
+        assert s3["key"] == "k" and s3["default_block_size"] == fs.backends.S3_BLOCK_SIZE
         assert s3["config_kwargs"] == {
             "retries": {"total_max_attempts": 1},
             "connect_timeout": fs.CONNECT_TIMEOUT,
@@ -202,7 +202,7 @@ class TestS3Session:
         fs.load_backend("s3://b/k")
         options = fs.backend_options("s3://b/k", {"key": "k", "secret": "s"})
         session = options["session"]
-        assert session.get_component("data_loader") is fs._botocore_models()
+        assert session.get_component("data_loader") is fs.backends._botocore_models()
         assert fs.backend_options("s3://b/k", {})["session"] is session  # one per process
 
     def test_options_for_the_session_keep_s3fs_own(self) -> None:

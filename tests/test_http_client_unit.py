@@ -1,4 +1,4 @@
-"""shardpipes._http.HttpClient driven directly, against http.server on 127.0.0.1.
+"""shardpipes.fs.http_client.HttpClient driven directly, against http.server on 127.0.0.1.
 
 What mutation testing found that the end-to-end tests (tests/cloud/test_http_client.py)
 leave open: the exact request (range, headers, quoting), each kind of answer (a whole file,
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from shardpipes import _http
-from shardpipes._http import HttpClient, HttpStatusError, RangeIgnoredError
+from shardpipes.fs import http_client as _http
+from shardpipes.fs.http_client import HttpClient, HttpStatusError, RangeIgnoredError
 
 DATA = bytes(range(256)) * 40  # 10240 bytes
 

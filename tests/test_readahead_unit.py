@@ -1,4 +1,4 @@
-"""shardpipes._readahead.ReadAhead driven directly, over files held in memory.
+"""shardpipes.fs.readahead.ReadAhead driven directly, over files held in memory.
 
 Storage here is a pair of callables over a dict (the fetch and size that ReadAhead is
 given); the scheduling under test is the real one, with its thread pool. Fetches can be
@@ -27,10 +27,10 @@ import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from shardpipes._cache import ShardCache
-from shardpipes._readahead import FIRST_BLOCK, MAX_BLOCK, MIN_BLOCK, Read, ReadAhead
-from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardNotFoundError, StorageAccessError, StorageError
+from shardpipes.fs.cache import ShardCache
+from shardpipes.fs.readahead import FIRST_BLOCK, MAX_BLOCK, MIN_BLOCK, Read, ReadAhead
+from shardpipes.fs.retry import RetryPolicy
 
 MiB = 2**20
 WAIT = 30  # seconds at most for what the pool's threads do (a timeout, not a sleep)
@@ -737,8 +737,8 @@ STATS = """
 import threading
 
 from shardpipes import fs
-from shardpipes._readahead import Read, ReadAhead
-from shardpipes._retry import RetryPolicy
+from shardpipes.fs.readahead import Read, ReadAhead
+from shardpipes.fs.retry import RetryPolicy
 
 data = bytes(range(256)) * 10000
 calls = []

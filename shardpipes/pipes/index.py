@@ -8,8 +8,8 @@ from typing import IO, Any
 from shardpipes import fs
 from shardpipes._core.index import dump_index, load_index, sample_ranges
 from shardpipes._core.tar import iter_members
-from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError
+from shardpipes.fs.retry import RetryPolicy
 
 __all__ = [
     "build_index",

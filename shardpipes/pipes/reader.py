@@ -10,17 +10,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from shardpipes import fs
-from shardpipes._cache import ShardCache, cache_bytes
 from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
 from shardpipes._core.tar import MAX_MEMBER_BYTES, Member, iter_members
 from shardpipes._core.writer import size_option
-from shardpipes._readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
-from shardpipes._readahead import Ranges as ReadRanges
-from shardpipes._retry import RetryPolicy
 from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
+from shardpipes.fs.cache import ShardCache, cache_bytes
+from shardpipes.fs.readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
+from shardpipes.fs.readahead import Ranges as ReadRanges
+from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes.index import Ranges, build_index, is_gzip, read_index
 
 __all__ = ["READ_KEYS", "ReadOptions", "ShardReader", "check_options"]

@@ -14,8 +14,8 @@ from typing_extensions import override
 from shardpipes import fs
 from shardpipes._core.braces import expand_braces
 from shardpipes._core.stage import Leaf
-from shardpipes._retry import RetryPolicy
 from shardpipes.errors import NoShardsError, ShardNotFoundError
+from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes._stage import Pipe
 from shardpipes.pipes._torch import worker_placement
 

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from shardpipes._core.split import ShardPart, SplitPlanner, split_blocks
 from shardpipes._core.stage import Clocked, EpochClock, as_stage, no_length
-from shardpipes._retry import RetryPolicy
+from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes._stage import Pipe, functional_form
 from shardpipes.pipes._torch import worker_placement
 from shardpipes.pipes.index import Ranges, local_ranges, read_index, shard_ranges

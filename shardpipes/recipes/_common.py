@@ -9,7 +9,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.policy import as_policy
-from shardpipes._retry import RetryPolicy
+from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import DecodeOptions, SampleDecoder
 from shardpipes.pipes.fields import TupleMaker

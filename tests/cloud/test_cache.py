@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 import shardpipes as sp
 from shardpipes import fs
-from shardpipes._cache import ShardCache
+from shardpipes.fs.cache import ShardCache
 from tests.cloud.faults import ResetProxy
 from tests.cloud.servers import SeaweedS3
 from tests.conftest import Dataset

@@ -3,7 +3,7 @@
 The parent reads first (lists and streams shards), forks DataLoader workers that collect
 their garbage (finalizing the filesystems fsspec dropped from its cache in the child), and
 then reads again through its cached filesystem and pooled keep-alive connections. Before
-``shardpipes._fork`` the parent's next request waited out the client timeout: the child had
+``shardpipes.fs.fork`` the parent's next request waited out the client timeout: the child had
 removed the parent's sockets from the shared epoll set.
 """
 

@@ -19,7 +19,7 @@ from tests.conftest import Dataset
 
 # fsspec's cached HTTPFileSystem, as users get it. A run once hung here for 300 s after a
 # test with forked DataLoader workers (the children unhooked the parent's pooled sockets
-# from its epoll set; shardpipes._fork fixes it, tests/cloud/test_fork.py checks it); the
+# from its epoll set; shardpipes.fs.fork fixes it, tests/cloud/test_fork.py checks it); the
 # 60 s client timeout turns any such stall into an error instead of a test timeout.
 CACHED = {"client_kwargs": {"timeout": ClientTimeout(total=60)}}
 

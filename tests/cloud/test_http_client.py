@@ -22,7 +22,7 @@ import pytest
 
 import shardpipes as sp
 from shardpipes import fs
-from shardpipes._readahead import FIRST_BLOCK
+from shardpipes.fs.readahead import FIRST_BLOCK
 from tests.cloud.servers import SeaweedS3
 from tests.cloud.test_readahead import big_shard
 from tests.conftest import opener_of

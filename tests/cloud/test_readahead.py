@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, graph_settings
 
 import shardpipes as sp
 from shardpipes import fs
-from shardpipes._readahead import MIN_BLOCK
+from shardpipes.fs.readahead import MIN_BLOCK
 from tests.cloud.faults import ResetProxy
 from tests.cloud.servers import SeaweedS3, StaticHTTP
 from tests.conftest import opener_of

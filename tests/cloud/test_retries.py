@@ -17,7 +17,7 @@ import pytest
 
 import shardpipes as sp
 from shardpipes import fs
-from shardpipes._readahead import FIRST_BLOCK
+from shardpipes.fs.readahead import FIRST_BLOCK
 from tests.cloud.faults import FaultyMoto, ResetProxy
 from tests.cloud.servers import SeaweedS3
 from tests.conftest import Dataset

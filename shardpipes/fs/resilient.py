@@ -1,8 +1,8 @@
 """The read statistics, and the retrying stream of local files and chained URLs.
 
 :class:`ResilientStream` reads an fsspec file and, after a transient failure, opens it
-again at the byte it had reached (:mod:`shardpipes._retry` decides what is transient).
-Remote files are read by :mod:`shardpipes._readahead` instead. Both count what they read
+again at the byte it had reached (:mod:`shardpipes.fs.retry` decides what is transient).
+Remote files are read by :mod:`shardpipes.fs.readahead` instead. Both count what they read
 in :data:`READ_STATS`.
 """
 
@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from shardpipes._retry import RetryPolicy, denied, gave_up, missing, transient
 from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError
+from shardpipes.fs.retry import RetryPolicy, denied, gave_up, missing, transient
 
 __all__ = ["READ_STATS", "ReadOnly", "ReadStats", "ResilientStream", "raise_permanent"]
 

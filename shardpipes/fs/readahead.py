@@ -17,8 +17,8 @@ its plan, from :meth:`ReadAhead.plan`) and keeps fetching it in blocks, several 
   read past it: fetched, in flight and unread bytes together never exceed ``budget``
   (one block may, when the budget is smaller than a block);
 * a block that fails transiently is fetched again (``RetryPolicy``): the reader sees each
-  byte exactly once, as with :class:`~shardpipes._streams.ResilientStream`;
-* a :class:`~shardpipes._cache.ShardCache` is filled block by block — from whole shards
+  byte exactly once, as with :class:`~shardpipes.fs.resilient.ResilientStream`;
+* a :class:`~shardpipes.fs.cache.ShardCache` is filled block by block — from whole shards
   and from parts alike — and serves the blocks it holds.
 
 :meth:`ReadAhead.open` gives a seekable stream over a read. Reading or seeking outside the
@@ -43,9 +43,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardpipes._cache import ShardCache
-from shardpipes._retry import RetryPolicy, gave_up, transient
-from shardpipes._streams import READ_STATS, ReadOnly, ResilientStream, raise_permanent
+from shardpipes.fs.cache import ShardCache
+from shardpipes.fs.resilient import READ_STATS, ReadOnly, ResilientStream, raise_permanent
+from shardpipes.fs.retry import RetryPolicy, gave_up, transient
 
 __all__ = [
     "FIRST_BLOCK",

@@ -11,7 +11,7 @@ What it does: ``GET`` with a ``Range`` header and ``HEAD``; redirects are follow
 bucket's presigned URL, a CDN); connections are kept alive and shared by the threads of
 a process (a forked child opens its own); a connection that the server closed while idle
 is replaced at once, not counted as a failure. Failures are the exceptions
-:mod:`shardpipes._retry` classifies: connection errors and timeouts (transient), and
+:mod:`shardpipes.fs.retry` classifies: connection errors and timeouts (transient), and
 :class:`HttpStatusError` carrying the ``status`` (404 a ``FileNotFoundError``, 401/403 a
 ``PermissionError``, 5xx/408/429 transient).
 """
