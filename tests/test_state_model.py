@@ -318,3 +318,57 @@ def test_resume_on_other_topologies(
     if spec.limit is None and spec.epoch_size is None:
         lost = len(keys) * spec.passes - len(seen)
         assert 0 <= lost <= (readers if spec.even else 0) * spec.passes
+
+
+# --- what the draws found, pinned ---------------------------------------------------------
+
+PLAIN = Spec(
+    shuffle=False,
+    even=False,
+    seed=0,
+    buffer=0,
+    buffer_after_decode=False,
+    decode=False,
+    fields="none",
+    mix=False,
+    epoch_size=None,
+    limit=None,
+    cycle=False,
+    limit_first=False,
+    prefetch=False,
+    batch=None,
+)
+
+
+def test_a_state_saved_again_in_the_next_pass_resumes_that_pass(
+    shards: dict[str, list[str]],
+) -> None:
+    """Saved at the end of epoch 1's first pass, resumed, saved one item into the second.
+
+    A split's loaded state is of the pass it was saved in: the second pass starts fresh
+    (it resumed in the first pass's order).
+    """
+    job = Job(replace(PLAIN, buffer=3, mix=True, cycle=True), shards, 1, 0)
+    (items,) = job.epoch(1)
+    head, state = take(job.reader(0, epoch=1), len(items) // 2)
+    mid, state = take(job.reader(0, epoch=1, state=state), 1)
+    assert head + mid + list(job.reader(0, epoch=1, state=state)) == items
+
+
+@pytest.mark.parametrize("stops", [[1, 1], [2, 3], [3, 1]])
+def test_resume_from_a_resumed_rest_counts_batches_as_batches(
+    shards: dict[str, list[str]], stops: list[int]
+) -> None:
+    """``resume_from`` a state saved in an earlier ``resume_from``'s rest, with ``batch``.
+
+    The rest's ``done`` counts batches: it was taken for samples, and samples came twice.
+    """
+    job = Job(replace(PLAIN, batch=4), shards, 1, 0)
+    seen: list[str] = []
+    states = None
+    for stop in stops:
+        items, state = take(job.reader(0, elastic=states), stop)
+        seen += flatten(items)
+        states = [state]
+    seen += flatten(list(job.reader(0, elastic=states)))
+    assert sorted(seen) == sorted(every_key(PLAIN, shards))
