@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml requirements-dev.txt require
 # `make demo` needs only the run-time dependencies (torch, torchdata, Pillow, fsspec…)
 DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml requirements-demo.txt | sha256sum | cut -c1-16)
 
-.PHONY: venv demo test test-fast lint check bench bench-quick fuzz mutate clean
+.PHONY: venv demo test test-fast lint check bench bench-quick fuzz fuzz-state mutate clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,11 @@ bench-quick: venv  ## the same on tiny data, one repeat (what the smoke test run
 FUZZ_SECONDS ?= 120
 fuzz: venv  ## mutation-fuzz the tar reader with atheris for FUZZ_SECONDS (crashes: ./crash-*)
 	$(BIN)/python fuzz/fuzz_tar.py -max_total_time=$(FUZZ_SECONDS) -timeout=1 -rss_limit_mb=4096 $(FUZZ_ARGS)
+
+FUZZ_EXAMPLES ?= 2000
+fuzz-state: venv  ## model-based resume tests (tests/test_state_model.py), FUZZ_EXAMPLES random draws
+	SHARDPIPES_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q \
+		tests/test_state_model.py -k "topolog" $(FUZZ_ARGS)
 
 # Mutation testing (mutmut 3.8.1, installed here: not in requirements-dev.txt nor in CI).
 # Mutates MUTATE_PATHS; each module's tests come from the map in tools/mutate.py unless

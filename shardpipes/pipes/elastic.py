@@ -87,7 +87,10 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
     if root.endless:  # an endless epoch has no rest: the next one begins
         root.set_epoch(saved["epoch"] + 1)
         return Resumable(inner)  # type: ignore[return-value]
-    rests = _rest_of_rests(workers, saved) if is_rest(saved["pipeline"]) else _rests(root, workers)
+    if is_rest(saved["pipeline"]):
+        rests = _rest_of_rests(root, workers, saved)
+    else:
+        rests = _rests(root, workers)
     root.place(None)
     root.reset(None)
     resumed = Resumable(inner)
@@ -119,8 +122,13 @@ def _rests(root: Stage, workers: dict[int, dict[str, Any]]) -> list[Any]:
     return out
 
 
-def _rest_of_rests(workers: dict[int, dict[str, Any]], first: dict[str, Any]) -> list[Any]:
-    """What a resumed epoch (a :class:`Rest`) had left: each worker's share, less its done."""
+def _rest_of_rests(
+    root: Stage, workers: dict[int, dict[str, Any]], first: dict[str, Any]
+) -> list[Any]:
+    """What a resumed epoch had left: each worker's share, less the items it delivered.
+
+    ``done`` counts items (batches after ``batch``): ``root`` regroups the share into them.
+    """
     total = first["workers"]
     rest = first["pipeline"]["rest"]
     refs = unpack(rest)
@@ -138,7 +146,8 @@ def _rest_of_rests(workers: dict[int, dict[str, Any]], first: dict[str, Any]) ->
             if w in workers
             else done_by_id[_local(w, workers, total)]
         )
-        out += deal(refs, total, w, even=rest["even"])[done:]
+        share = deal(refs, total, w, even=rest["even"])
+        out += share[len(flatten(itertools.islice(root.regroup(share), done))) :]
     return out
 
 

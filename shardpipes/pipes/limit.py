@@ -80,6 +80,11 @@ class SampleLimiter(Pipe):
         self.sources()[0].reset(None if state is None else state["source"])
 
     @override
+    def next_pass(self) -> None:
+        self._given = 0  # a cycle_epochs after it: n per pass
+        super().next_pass()
+
+    @override
     @property
     def endless(self) -> bool:
         return False

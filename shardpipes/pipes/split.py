@@ -145,8 +145,8 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
 
     @override
     def next_pass(self) -> None:
-        self.clock.next_pass()
-        self._used, self._fresh = None, True
+        self.clock.next_pass()  # a state loaded in the pass before was of that pass
+        self._used, self._loaded, self._fresh = None, None, True
 
     def placement(self) -> tuple[int, int]:
         """``(total workers, this worker's global index)`` for the next iteration."""

@@ -178,6 +178,18 @@ def test_endless_cycle_under_a_limit(data: Dataset) -> None:
         len(chain(data).cycle_epochs())
 
 
+def test_a_limit_under_a_cycle_gives_its_count_each_pass(data: Dataset) -> None:
+    """limit_samples(30).cycle_epochs(3): 30 a pass, 90 in all, as len() says."""
+    got = keys(chain(data).limit_samples(30).cycle_epochs(3))
+    assert len(got) == 90
+    passes = [got[i * 30 : (i + 1) * 30] for i in range(3)]
+    assert passes[0] == keys(chain(data))[:30]
+    assert len({tuple(p) for p in passes}) == 3
+    for url in data.urls:
+        sp.write_index(url)
+    assert len(chain(data).limit_samples(30).cycle_epochs(3)) == 90
+
+
 @slow
 def test_cycle_with_workers_every_sample_count_times(data: Dataset) -> None:
     got = keys(DataLoader(chain(data).cycle_epochs(2), batch_size=None, num_workers=2))
