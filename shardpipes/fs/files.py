@@ -6,15 +6,16 @@ Every metadata call is retried (:mod:`shardpipes.fs.retry`) and its errors name 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 from shardpipes.errors import ShardNotFoundError, ShardpipesError
 from shardpipes.fs.backends import (
+    StorageOptions,
+    T,
     _http_client,
     _protocol,
     _protocols,
@@ -24,11 +25,6 @@ from shardpipes.fs.http_client import HttpClient
 from shardpipes.fs.reads import file_size
 from shardpipes.fs.resilient import raise_permanent
 from shardpipes.fs.retry import RetryPolicy, gave_up, transient
-
-StorageOptions = Mapping[str, Any]
-T = TypeVar("T")
-log = logging.getLogger("shardpipes")
-
 
 _MAGIC = ("*", "?", "[")
 

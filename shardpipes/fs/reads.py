@@ -8,19 +8,21 @@ client, or fsspec's session where the options are aiohttp's.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 from shardpipes.errors import StorageError
 from shardpipes.fs.backends import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
+    StorageOptions,
+    T,
     _http_client,
     _protocol,
     _protocols,
     is_remote,
+    log,
     url_to_fs,
 )
 from shardpipes.fs.cache import ShardCache
@@ -28,10 +30,6 @@ from shardpipes.fs.http_client import HttpClient, HttpStatusError, RangeIgnoredE
 from shardpipes.fs.readahead import IO_CONCURRENCY, READAHEAD, Read, ReadAhead
 from shardpipes.fs.resilient import READ_STATS, ResilientStream
 from shardpipes.fs.retry import RetryPolicy
-
-StorageOptions = Mapping[str, Any]
-T = TypeVar("T")
-log = logging.getLogger("shardpipes")
 
 
 def read_ahead(
