@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -297,11 +297,18 @@ def test_prefetch_raises_the_readers_error_naming_the_shard(tmp_path: Path, data
         list(pipe)
 
 
+def prefetch_threads(before: Collection[threading.Thread] = ()) -> list[threading.Thread]:
+    """The prefetch threads alive, less ``before`` (an earlier test's garbage not yet collected)."""
+    return [t for t in threading.enumerate() if t.name == "shardpipes-prefetch" and t not in before]
+
+
 def test_stopping_early_leaves_no_thread(data: Dataset) -> None:
+    before = set(prefetch_threads())
     items = iter(chain(data).prefetch_items(4))
     next(items)
+    assert len(prefetch_threads(before)) == 1
     items.close()  # type: ignore[attr-defined]
-    assert not [t for t in threading.enumerate() if t.name == "shardpipes-prefetch"]
+    assert not prefetch_threads(before)
 
 
 def test_prefetch_size_must_be_positive(data: Dataset) -> None:
@@ -441,13 +448,13 @@ def test_limit_with_even_gives_every_worker_as_many(make_shards: Callable[..., D
 
 def test_a_new_iteration_stops_the_thread_of_one_left_early(data: Dataset) -> None:
     """The loop of epoch 0 left early, its iterator still held: epoch 1 has one thread."""
+    before = set(prefetch_threads())
     pipe = chain(data).prefetch_items(4)
     first = iter(pipe)
     next(first)
     second = iter(pipe)
     next(second)
-    threads = [t for t in threading.enumerate() if t.name == "shardpipes-prefetch"]
-    assert len(threads) == 1
+    assert len(prefetch_threads(before)) == 1
     second.close()  # type: ignore[attr-defined]
     del first
 
