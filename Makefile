@@ -53,7 +53,7 @@ fuzz: venv  ## mutation-fuzz the tar reader with atheris for FUZZ_SECONDS (crash
 FUZZ_EXAMPLES ?= 2000
 fuzz-state: venv  ## model-based resume tests (tests/test_state_model.py), FUZZ_EXAMPLES random draws
 	SHARDPIPES_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q \
-		tests/test_state_model.py -k "topolog" $(FUZZ_ARGS)
+		tests/test_state_model.py -k "topolog or plain" $(FUZZ_ARGS)
 
 # Mutation testing (mutmut 3.8.1, installed here: not in requirements-dev.txt nor in CI).
 # Mutates MUTATE_PATHS; each module's tests come from the map in tools/mutate.py unless

@@ -13,6 +13,8 @@ DataLoader gives ranks × workers) and stop points, and checks what the user is 
   also resumed twice in a row and in a later epoch;
 - before + after ``sp.resume_from`` on another topology: nothing twice, at most old + new
   readers' worth left out with ``even``, nothing without.
+- the same through the call users write, a ``StatefulDataLoader`` with 0–2 worker
+  processes, its ``state_dict()`` loaded into a new one.
 
 ``make test`` runs a bounded number of examples; ``make fuzz-state`` runs
 ``SHARDPIPES_FUZZ_EXAMPLES`` of them (2,000 by default).
@@ -31,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import graph_settings
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardpipes as sp
 from tests.conftest import sample_members, write_tar
@@ -318,6 +321,36 @@ def test_resume_on_other_topologies(
     if spec.limit is None and spec.epoch_size is None:
         lost = len(keys) * spec.passes - len(seen)
         assert 0 <= lost <= (readers if spec.even else 0) * spec.passes
+
+
+def loader_items(loader: Any) -> list[Any]:
+    return [item if isinstance(item, str) else list(item) for item in loader]
+
+
+@pytest.mark.slow
+@given(spec=specs(), workers=st.integers(0, 2), data=st.data())
+@settings(FUZZ, max_examples=max(EXAMPLES // 4, 3))
+def test_resume_with_the_plain_stateful_dataloader(
+    shards: dict[str, list[str]], spec: Spec, workers: int, data: st.DataObject
+) -> None:
+    """``StatefulDataLoader(pipe)``, the call users write, stopped anywhere: the same epoch.
+
+    With worker processes; ``state_dict()`` into a new loader's ``load_state_dict()``.
+    """
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(build(spec, shards), batch_size=None, num_workers=workers)
+
+    whole = loader_items(loader())
+    readers = Job(spec, shards, 1, workers).epoch(0)  # the loader deals items round-robin
+    assert sorted(flatten(whole)) == sorted(flatten([i for items in readers for i in items]))
+    stop = data.draw(st.integers(0, len(whole)), label="stop")
+    first = loader()
+    head = loader_items(itertools.islice(first, stop)) if stop else []
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    assert head + loader_items(second) == whole
 
 
 # --- what the draws found, pinned ---------------------------------------------------------
