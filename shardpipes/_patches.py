@@ -65,7 +65,7 @@ class LoaderPipe(_IterDataPipeSerializationWrapper):
     num_workers: int | None = None  # the loader's (its __init__ says)
 
     def __init__(self, datapipe: Any) -> None:
-        root = datapipe if isinstance(datapipe, Resumable) else Resumable(datapipe, check=False)
+        root = Resumable.of(datapipe, check=False)
         super().__init__(root)  # type: ignore[no-untyped-call]
         self.pipe = datapipe  # the user's
         # the epoch the last iter(loader) handed out: persistent workers read it here

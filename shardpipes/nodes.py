@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from torch.utils.data import DataLoader, Dataset, IterableDataset, IterDataPipe
+from torch.utils.data import IterDataPipe
 from torchdata.nodes import BaseNode  # type: ignore[import-untyped]
 
+from shardpipes.pipes._torch import require_pipeline
 from shardpipes.pipes.resumable import Resumable
 
 __all__ = ["PipeNode", "to_node"]
@@ -34,7 +35,7 @@ class PipeNode(BaseNode, Generic[T]):  # type: ignore[misc]
 
     def __init__(self, pipe: IterDataPipe[T]) -> None:
         super().__init__()
-        self.root = pipe if isinstance(pipe, Resumable) else Resumable(pipe)  # checked
+        self.root = Resumable.of(pipe)  # checked
         if not self.root.policies():
             msg = (
                 f"to_node: this pipeline ({type(pipe).__name__}) reads no shard, so its "
@@ -90,25 +91,4 @@ def to_node(pipe: IterDataPipe[T]) -> PipeNode[T]:
         >>> node = sp.to_node(sp.recipes.tar_shards("data/train-*.tar", seed=0))
         >>> loader = Loader(node)  # state_dict() / load_state_dict() resume exactly
     """
-    if not isinstance(pipe, IterDataPipe | Resumable):
-        raise TypeError(_not_a_pipeline(pipe))
-    return PipeNode(pipe)
-
-
-def _not_a_pipeline(given: Any) -> str:
-    """What ``to_node`` says of something other than a pipeline, and what to do."""
-    name = type(given).__name__
-    if isinstance(given, DataLoader):
-        way = "give it the pipe itself (loader.dataset); the Loader of torchdata.nodes loads"
-    elif isinstance(given, Dataset) and not isinstance(given, IterableDataset):
-        way = (
-            "this is a map-style dataset: use torchdata.nodes.MapStyleWrapper(dataset, "
-            "sampler), which resumes by its sampler's position"
-        )
-    else:
-        way = (
-            "give it a chain (sp.list_shards(...).split_shards().open_tar()...) or a "
-            "streaming recipe (sp.recipes.tar_shards); for any other iterable, "
-            "torchdata.nodes.IterableWrapper"
-        )
-    return f"to_node takes a shardpipes pipeline (got {name}): {way}"
+    return PipeNode(require_pipeline(pipe, "to_node"))

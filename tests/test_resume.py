@@ -540,3 +540,23 @@ def test_set_epoch_to_a_later_epoch_after_loading_an_ended_one(
     second.load_state_dict(state)
     sp.set_epoch(pipe, 2)
     assert list(second) == epochs[2]
+
+
+@pytest.mark.parametrize(
+    ("what", "call"),
+    [
+        ("Resumable", sp.Resumable),
+        ("resume_from", lambda given: sp.resume_from(given, {})),
+        ("to_node", sp.to_node),
+        ("mix \\(source 'a'\\)", lambda given: sp.mix({"a": given})),
+    ],
+)
+def test_a_loader_or_a_list_given_for_the_pipe_is_refused_with_the_way_out(
+    what: str, call: Callable[[Any], Any]
+) -> None:
+    """The mistakes a user makes first: the loader, or a list, where the pipe goes."""
+    loader = StatefulDataLoader(sp.list_shards(["a.tar"]), batch_size=None)
+    with pytest.raises(TypeError, match=rf"{what} takes a shardpipes pipeline \(got "):
+        call([1, 2])
+    with pytest.raises(TypeError, match=r"got StatefulDataLoader\): give it the pipe itself"):
+        call(loader)

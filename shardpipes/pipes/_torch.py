@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from torch.utils.data import IterDataPipe, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 from torch.utils.data.datapipes.iter import (
     Batcher,
@@ -219,18 +219,38 @@ _VIEWS: dict[type, Callable[[Any], Stage]] = {
 }
 
 
+def require_pipeline(given: Any, what: str) -> IterDataPipe[Any]:
+    """``given`` if it is a pipeline; else a TypeError saying what ``what`` takes instead."""
+    if isinstance(given, IterDataPipe):
+        return given
+    name = type(given).__name__
+    if isinstance(given, DataLoader):
+        way = "give it the pipe itself (loader.dataset); the Loader of torchdata.nodes loads"
+    elif isinstance(given, Dataset) and not isinstance(given, IterableDataset):
+        way = (
+            "this is a map-style dataset: use torchdata.nodes.MapStyleWrapper(dataset, "
+            "sampler), which resumes by its sampler's position"
+        )
+    else:
+        way = (
+            "give it a chain (sp.list_shards(...).split_shards().open_tar()...) or a "
+            "streaming recipe (sp.recipes.tar_shards); for any other iterable, "
+            "torchdata.nodes.IterableWrapper"
+        )
+    msg = f"{what} takes a shardpipes pipeline (got {name}): {way}"
+    raise TypeError(msg)
+
+
 def adapt(pipe: Any) -> Stage:
     """A stage view of a pipe that is not a shardpipes stage (see the module docstring).
 
     Raises:
-        ValueError: ``pipe`` is not a DataPipe.
+        TypeError: ``pipe`` is not a DataPipe.
     """
     view = next((_VIEWS[c] for c in type(pipe).__mro__ if c in _VIEWS), None)
     if view is not None:
         return view(pipe)
-    if not isinstance(pipe, IterDataPipe):
-        msg = f"not a DataPipe: {type(pipe).__name__}"
-        raise ValueError(msg)
+    require_pipeline(pipe, "a stage's source")
     source = getattr(pipe, "source_datapipe", getattr(pipe, "datapipe", None))
     return _Refused(pipe, source if isinstance(source, IterDataPipe) else None)
 

@@ -20,11 +20,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any, TypeVar
 
-from torch.utils.data import IterDataPipe
-
 from shardpipes._core.shuffle import unpack
 from shardpipes._core.stage import Stage, as_stage, is_rest
 from shardpipes.pipes._stage import pipeline_state
+from shardpipes.pipes._torch import require_pipeline
 from shardpipes.pipes.resumable import Resumable, deal, flatten
 
 __all__ = ["resume_from"]
@@ -77,9 +76,7 @@ def resume_from(pipe: P, state: Mapping[str, Any] | Sequence[Mapping[str, Any]])
         >>> pipe = sp.resume_from(pipe, checkpoint["loader"])  # doctest: +SKIP
         >>> loader = StatefulDataLoader(pipe, batch_size=None, num_workers=3)  # doctest: +SKIP
     """
-    if not isinstance(pipe, IterDataPipe):
-        msg = f"resume_from takes a shardpipes pipeline (got {type(pipe).__name__})"
-        raise TypeError(msg)
+    require_pipeline(pipe, "resume_from")
     inner: Any = pipe.source_datapipe if isinstance(pipe, Resumable) else pipe
     workers = _workers(state)
     root = as_stage(inner)

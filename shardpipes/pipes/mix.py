@@ -19,6 +19,7 @@ from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
 from shardpipes._core.stage import Clocked, EpochClock, Stage, as_stage, loaded_state, no_length
 from shardpipes.pipes._stage import Pipe
+from shardpipes.pipes._torch import require_pipeline
 from shardpipes.pipes.fields import takes_samples
 
 __all__ = ["Mixer", "mix"]
@@ -88,9 +89,7 @@ class Mixer(Clocked, Pipe):
             if not isinstance(name, str):
                 msg = f"a source's name must be a str (got {name!r})"
                 raise TypeError(msg)
-            if not isinstance(pipe, IterDataPipe):
-                msg = f"source {name!r} is not an IterDataPipe (got {type(pipe).__name__})"
-                raise TypeError(msg)
+            require_pipeline(pipe, f"mix (source {name!r})")
             takes_samples(pipe, f"mix (source {name!r})", _RECIPES, batches=False)
         if isinstance(seed, bool) or not isinstance(seed, int):
             msg = f"seed must be an int (got {seed!r})"

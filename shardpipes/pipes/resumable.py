@@ -19,6 +19,7 @@ from shardpipes._core.shuffle import pack, unpack
 from shardpipes._core.split import block
 from shardpipes._core.stage import is_rest
 from shardpipes.pipes._stage import Pipe
+from shardpipes.pipes._torch import require_pipeline
 
 __all__ = ["Resumable", "deal", "flatten"]
 
@@ -48,12 +49,14 @@ class Resumable(Pipe):
         3
     """
 
+    @classmethod
+    def of(cls, pipe: IterDataPipe[Any], *, check: bool = True) -> Resumable:
+        """``pipe`` if it is one already, else a :class:`Resumable` of it."""
+        return pipe if isinstance(pipe, cls) else cls(pipe, check=check)
+
     def __init__(self, pipe: IterDataPipe[T], *, check: bool = True) -> None:
-        if not isinstance(pipe, IterDataPipe):
-            msg = f"Resumable wraps an IterDataPipe (got {type(pipe).__name__})"
-            raise TypeError(msg)
         super().__init__()
-        self.source_datapipe = pipe
+        self.source_datapipe = require_pipeline(pipe, "Resumable")
         self._rest: dict[str, Any] | None = None  # resume_from's: the rest of an epoch
         self._done = 0  # items this worker delivered of its share of the rest
         self._running = False  # the rest's epoch has begun here

@@ -127,7 +127,7 @@ def test_bad_weights_are_refused_at_construction(two: tuple[Dataset, Dataset]) -
         mixed(two, weights={"a": 1})
     with pytest.raises(ValueError, match="finite number"):
         mixed(two, weights={"a": math.nan, "b": 1})
-    with pytest.raises(TypeError, match="not an IterDataPipe"):
+    with pytest.raises(TypeError, match=r"mix \(source 'a'\) takes a shardpipes pipeline"):
         sp.mix({"a": [1, 2]})  # type: ignore[dict-item]
 
 
