@@ -12,33 +12,25 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from shardpipes import fs
-from shardpipes._core.decoders import IMAGE_MODES, decode_image
-from shardpipes._core.writer import TarShardWriter, check_pattern, parse_size, pattern_parts
+from shardpipes._core.decoders import IMAGE_MODES
+from shardpipes._core.writer import check_pattern, parse_size
+from shardpipes.cli.common import UsageError, counted
+from shardpipes.cli.write import write_command
 from shardpipes.errors import DecodeError, ShardpipesError
 
 __all__ = ["main"]
 
-_UNSAFE = re.compile(r"[^\w-]+")
-#: a file's extension as a sample's field: ".JPEG" images are read as "jpg;png" expects
-_EXTENSIONS = {"jpeg": "jpg", "tif": "tiff"}
-
-
-class _UsageError(Exception):
-    """A command-line usage problem (exit status 2)."""
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise UsageError(message)
 
 
 def _positive(text: str, minimum: int = 1) -> int:
@@ -93,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--cache", help="dataset folder (default ~/.cache/shardpipes/demo)")
     sub.add_parser("recipes", help="list the prebuilt recipes").set_defaults(run=_recipes)
     write = sub.add_parser("write", parents=[so], help="write an image folder as tar shards")
-    write.set_defaults(run=_write)
+    write.set_defaults(run=write_command)
     write.add_argument("src", help="folder with one sub-folder per class (any fsspec URL)")
     write.add_argument(
         "out", type=_arg(check_pattern), help="shard URL pattern, e.g. out/train-%%06d.tar"
@@ -180,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not debug:
             log.addHandler(quiet)
         return int(args.run(args))
-    except _UsageError as exc:
+    except UsageError as exc:
         return _fail(exc, 2, debug=False)  # argparse's own traceback would tell nothing
     except KeyboardInterrupt:
         return 130
@@ -191,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _TORCH_SUFFIX = "\nThis exception is thrown by __iter__ of "
-_OWN = (ShardpipesError, OSError, ValueError, ImportError, _UsageError)  # messages that say it all
+_OWN = (ShardpipesError, OSError, ValueError, ImportError, UsageError)  # messages that say it all
 
 
 def _fail(exc: BaseException, status: int, *, debug: bool) -> int:
@@ -215,189 +207,6 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(args: argparse.Namespace) -> int:
-    import random
-
-    from tqdm import tqdm
-
-    if args.seed is not None and not args.shuffle:
-        msg = "--seed is the seed of --shuffle: give --shuffle too"
-        raise _UsageError(msg)
-    options = dict(args.storage_options)
-    classes, images, source = _labelled(args, options)
-    if args.shuffle:
-        random.Random(args.seed or 0).shuffle(images)
-    old = _existing(args.out, options)
-    if old and not args.overwrite:
-        msg = (
-            f"{args.out}: {_count(len(old), 'shard')} already match the pattern "
-            f"({old[0]}{', …' if len(old) > 1 else ''}); pass --overwrite to replace them"
-        )
-        raise ValueError(msg)
-    for url in old:  # and their index sidecars, which would no longer fit
-        fs.remove_file(url, options)
-        fs.remove_file(f"{url}.idx", options)
-    opener = lambda url: fs.open_output(url, options)  # noqa: E731
-    writer = TarShardWriter(args.out, opener=opener, max_bytes=args.shard_size,
-                            max_samples=args.samples_per_shard, index=args.index,
-                            remove=lambda url: fs.remove_file(url, options))  # fmt: skip
-    skipped = 0
-    with writer, tqdm(total=len(images), unit="img", desc="write", file=sys.stderr) as bar:
-        for (key, ext, label, _), data in _read_images(images, options, check=args.check):
-            bar.update()
-            if isinstance(data, DecodeError):
-                _bad_image(data, args.handler)
-                skipped += 1
-                continue
-            sample = {"__key__": key, ext: data, "cls": str(label)}
-            writer.write({**sample, "class.txt": classes[label]})
-    listing = classes_url(args.out)
-    with fs.open_output(listing, options) as f:
-        f.write(json.dumps({"classes": classes}, ensure_ascii=False, indent=1).encode())
-    for shard in writer.shards:
-        print(f"{shard.url}\t{_count(shard.samples, 'sample')}\t{_count(shard.size, 'byte')}")
-    print(f"classes: {listing} ({_count(len(classes), 'class')}{source})")
-    print(f"wrote {_count(writer.samples, 'sample')} to {_count(len(writer.shards), 'shard')}")
-    if skipped:
-        print(f"skipped {_count(skipped, 'image')} that do not decode")
-    return 0
-
-
-def classes_url(pattern: str) -> str:
-    """Where ``shardpipes write`` puts the class list of the shards ``pattern`` names.
-
-    Example:
-        >>> classes_url("out/train-%06d.tar")
-        'out/train-classes.json'
-    """
-    return pattern_parts(pattern)[0] + "classes.json"
-
-
-def _labelled(
-    args: argparse.Namespace, options: dict[str, Any]
-) -> tuple[list[str], list[tuple[str, str, int, str]], str]:
-    """The class list, the images with their labels, and where the list came from.
-
-    By ``--classes``; else by the class list of another split written beside the output
-    (``PREFIX-classes.json``), so that a split missing a class keeps the others' labels;
-    else (or with ``--new-classes``) by the source's own class folders.
-
-    Raises:
-        ValueError: The source has a class folder the list lacks, or the lists beside the
-            output disagree.
-    """
-    from shardpipes.recipes.image_folder import read_classes
-
-    if args.classes:
-        return (*_list_images(args.src, options, read_classes(args.classes, options)), "")
-    found = [] if args.new_classes else _class_lists_beside(args.out, options)
-    if not found:
-        return (*_list_images(args.src, options, None), "")
-    lists = {url: read_classes(url, options) for url in found}
-    given = lists[found[0]]
-    if any(other != given for other in lists.values()):
-        msg = (
-            f"the class lists beside {args.out} differ ({', '.join(found)}): pass --classes "
-            "URL to label by one of them, or --new-classes to label by the source's folders"
-        )
-        raise ValueError(msg)
-    try:
-        classes, images = _list_images(args.src, options, given)
-    except ValueError as exc:
-        msg = (
-            f"{exc}, {found[0]}, written beside these shards for another split: its labels "
-            "would not mean the same. Pass --classes URL to label by another list, or "
-            "--new-classes to label by the source's own folders"
-        )
-        raise ValueError(msg) from None
-    return classes, images, f", the labels of {found[0]}"
-
-
-def _class_lists_beside(pattern: str, options: dict[str, Any]) -> list[str]:
-    """The class lists of other splits in the output's folder (not the one being written)."""
-    head = pattern_parts(pattern)[0]
-    folder = head.rpartition("/")[0] or "."
-    own = classes_url(pattern)
-    try:
-        found = fs.glob(f"{folder}/*classes.json", options)
-    except FileNotFoundError:
-        return []
-    return sorted(url for url in found if url != own and not url.endswith(own))
-
-
-def _read_images(
-    images: list[tuple[str, str, int, str]], options: dict[str, Any], *, check: bool
-) -> Iterator[tuple[tuple[str, str, int, str], bytes | DecodeError]]:
-    """Each image with its bytes, in order (or the ``DecodeError`` of one that does not decode).
-
-    Read and decoded on a few threads (Pillow decodes without the GIL), a window at a time.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from shardpipes._core.decoders import located
-
-    def read(image: tuple[str, str, int, str]) -> bytes | DecodeError:
-        key, ext, _, url = image
-        with fs.open_input(url, options) as f:
-            data: bytes = f.read()
-        if check:
-            try:
-                decode_image(data, "pil")
-            except Exception as exc:  # every failure to decode is reported
-                return located(exc, {"__url__": url, "__key__": key}, ext)
-        return data
-
-    threads = min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(threads, thread_name_prefix="shardpipes-write") as pool:
-        for start in range(0, len(images), 64):
-            window = images[start : start + 64]
-            yield from zip(window, pool.map(read, window), strict=True)
-
-
-def _bad_image(exc: DecodeError, handler: str) -> None:
-    """An image that does not decode: raised (``--handler raise``), else skipped."""
-    if handler == "raise":
-        msg = f"{exc} (--handler warn skips such images, naming each)"
-        raise ValueError(msg) from exc
-    if handler == "warn":
-        print(f"shardpipes: warning: skipped: {' '.join(str(exc).split())}", file=sys.stderr)
-
-
-def _existing(pattern: str, options: dict[str, Any]) -> list[str]:
-    """The files that already match a shard pattern (its number field as ``*``)."""
-    head, tail = pattern_parts(pattern)
-    try:
-        return sorted(fs.glob(f"{head}*{tail}", options))
-    except FileNotFoundError:
-        return []
-
-
-def _list_images(
-    src: str, options: dict[str, Any], given: list[str] | None
-) -> tuple[list[str], list[tuple[str, str, int, str]]]:
-    """The class list, and ``(key, field, label, url)`` of every image under ``src``'s classes.
-
-    The field is the file's extension, lower-cased, ``jpeg`` as ``jpg``.
-
-    Labels index ``given`` when it is given (a class folder not in it is an error), else
-    the sorted class folders.
-    """
-    from shardpipes.recipes.image_folder import class_images
-
-    classes, images = class_images(src, options, given)
-    found, keys = [], set[str]()
-    for url, label, parts in images:
-        stem, _, ext = parts[-1].rpartition(".")
-        key = "/".join(_UNSAFE.sub("_", part).strip("_") or "_" for part in [*parts[:-1], stem])
-        base, n = key, 1
-        while key in keys:
-            n += 1
-            key = f"{base}_{n}"
-        keys.add(key)
-        found.append((key, _EXTENSIONS.get(ext.lower(), ext.lower()), label, url))
-    return classes, found
-
-
 def _index(args: argparse.Namespace) -> int:
     from shardpipes.pipes.index import write_index
     from shardpipes.pipes.shards import ShardLister
@@ -406,7 +215,7 @@ def _index(args: argparse.Namespace) -> int:
     urls = [u for u in ShardLister(args.urls, storage_options=options) if not u.endswith(".idx")]
     for url in _bar(args, urls, "index"):
         target, count = write_index(url, storage_options=options)
-        print(f"{target}\t{_count(count, 'sample')}")
+        print(f"{target}\t{counted(count, 'sample')}")
     return 0
 
 
@@ -472,7 +281,7 @@ def _demo(args: argparse.Namespace) -> int:
     data = demo.ensure_dataset(cache, samples=args.samples, shards=args.shards)
     urls = [os.path.join(data["folder"], name) for name, _, _ in data["shards"]]
     how = "reused" if data["reused"] else "wrote"
-    images, shards = _count(data["samples"], "image"), _count(len(urls), "shard")
+    images, shards = counted(data["samples"], "image"), counted(len(urls), "shard")
     print(f"{how} {images} in {shards}: {data['folder']}")
     expected = demo.reference(urls)
     start = time.perf_counter()
@@ -480,8 +289,8 @@ def _demo(args: argparse.Namespace) -> int:
         seen, labels = demo.stream(urls, workers=args.workers, progress=bar.update)
     elapsed = time.perf_counter() - start
     rate = labels.total() / elapsed
-    workers = _count(args.workers, "worker")
-    print(f"read {_count(labels.total(), 'sample')} with {workers}: {rate:.0f} samples/s")
+    workers = counted(args.workers, "worker")
+    print(f"read {counted(labels.total(), 'sample')} with {workers}: {rate:.0f} samples/s")
     once = demo.exactly_once(data, expected, seen, labels)
     print(f"exactly once: {'yes' if once else 'no'}")
     return 0 if once else 1
@@ -502,10 +311,3 @@ def _bench(args: argparse.Namespace) -> int:
     if failed is None:
         return 0
     return _fail(ValueError(f"{failed.stage} stage: {failed.error}"), 1, debug=False)
-
-
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless ``n`` is 1: "1 shard", "2 shards"."""
-    if n == 1:
-        return f"{n} {noun}"
-    return f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
