@@ -1,4 +1,4 @@
-"""Tests of ``shardpipes bench`` and the ``shardpipes._bench`` module behind it."""
+"""Tests of ``shardpipes bench`` and the ``shardpipes.cli.bench`` modules behind it."""
 
 from __future__ import annotations
 
@@ -12,16 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from shardpipes._bench import (
-    STAGES,
-    CollateError,
-    StageResult,
-    collate_ragged,
-    costs,
-    run_bench,
-    slowest,
-)
 from shardpipes.cli import main
+from shardpipes.cli.bench import STAGES, CollateError, collate_ragged, run_bench
+from shardpipes.cli.bench_report import StageResult, costs, slowest
 from tests.conftest import Dataset, image_bytes, write_tar
 
 SECRET = "hunter2-do-not-print"

@@ -297,7 +297,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from shardpipes import _bench as bench
+    from shardpipes.cli import bench, bench_report
 
     results = bench.run_bench(
         args.url, workers=args.workers, batch_size=args.batch_size, image=args.image,
@@ -305,7 +305,9 @@ def _bench(args: argparse.Namespace) -> int:
         progress=args.progress, handler=args.handler,
     )  # fmt: skip
     print(
-        json.dumps(bench.to_json(results), indent=2) if args.json else bench.format_table(results)
+        json.dumps(bench_report.to_json(results), indent=2)
+        if args.json
+        else bench_report.format_table(results)
     )
     failed = next((r for r in results if r.error is not None), None)
     if failed is None:
