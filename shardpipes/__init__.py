@@ -36,6 +36,7 @@ from shardpipes.pipes.collate import Batch, BatchDict, collate_samples
 from shardpipes.pipes.cycle import EpochCycler
 from shardpipes.pipes.decode import DecodeOptions, SampleDecoder
 from shardpipes.pipes.elastic import resume_from
+from shardpipes.pipes.epoch import set_epoch
 from shardpipes.pipes.fields import FieldMapper, FieldRenamer, TupleMaker
 from shardpipes.pipes.index import build_index, read_index, write_index
 from shardpipes.pipes.limit import SampleLimiter
@@ -45,7 +46,7 @@ from shardpipes.pipes.reader import ReadOptions
 from shardpipes.pipes.resumable import Resumable
 from shardpipes.pipes.shards import ShardLister
 from shardpipes.pipes.shuffle import SampleShuffler
-from shardpipes.pipes.split import ShardSplitter, set_epoch
+from shardpipes.pipes.split import ShardSplitter
 from shardpipes.pipes.tar import TarOpener
 from shardpipes.writing import ShardWriter, TarWriter
 

@@ -38,8 +38,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
 
-from shardpipes.pipes._stage import envelope, pipeline_state
-from shardpipes.pipes._torch import distributed, reads_ours
+from shardpipes.pipes._stage import envelope, pipeline_state, reads_ours
+from shardpipes.pipes._torch import distributed
 from shardpipes.pipes.resumable import Resumable
 
 __all__ = ["LoaderPipe", "install", "version"]

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from shardpipes._core.decoders import IMAGE_EXTENSIONS
+from shardpipes._core.images import IMAGE_EXTENSIONS
 from shardpipes._core.samples import SampleTuple, placed_like
 from shardpipes.errors import MissingFieldError
 

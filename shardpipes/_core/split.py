@@ -23,11 +23,11 @@ others without talking to them:
      last ``N % total`` samples (fewer than ``total``) are dropped for the epoch: every
      worker, hence every rank, yields the same number of samples.
 
-   * **by block** (:func:`split_blocks`, ``block_shuffle=N``, needs the sample counts):
-     every shard is cut into blocks of ``N`` samples, the blocks of all shards are
-     permuted by ``(seed, epoch)``, and worker ``w`` reads every ``total``-th from ``w``
-     on (with ``even``, the even split of the permuted blocks' samples). Every worker
-     reads from every shard, which a small shuffle buffer then mixes.
+   * **by block** (:func:`~shardpipes._core.blocks.split_blocks`, ``block_shuffle=N``,
+     needs the sample counts): every shard is cut into blocks of ``N`` samples, the
+     blocks of all shards are permuted by ``(seed, epoch)``, and worker ``w`` reads every
+     ``total``-th from ``w`` on (with ``even``, the even split of the permuted blocks'
+     samples). Every worker reads from every shard, which a small shuffle buffer mixes.
 
 A part ``(k, m)`` of a shard is either the samples whose index ``i`` in the shard has
 ``i % m == k`` (streaming, no index needed) or, with an index of ``N`` samples, the
@@ -51,13 +51,14 @@ __all__ = [
     "assign",
     "assign_even",
     "block",
+    "check_worker",
     "cut",
     "global_worker",
+    "order_key",
     "part_indices",
     "part_samples",
     "shard_order",
     "share",
-    "split_blocks",
     "split_plan",
 ]
 
@@ -96,11 +97,11 @@ def shard_order(n: int, *, seed: int, epoch: int = 0) -> list[int]:
 
 
 def _permutation(n: int, seed: int, epoch: int, pass_: int = 0) -> np.ndarray:
-    digest = hashlib.sha256(_key(seed, epoch, pass_).encode()).digest()
+    digest = hashlib.sha256(order_key(seed, epoch, pass_).encode()).digest()
     return np.random.RandomState(np.frombuffer(digest, dtype="<u4")).permutation(n)
 
 
-def _key(seed: int, epoch: int, pass_: int) -> str:
+def order_key(seed: int, epoch: int, pass_: int) -> str:
     """The text an order is seeded from: ``seed:epoch``, and the pass after the first."""
     return f"{seed}:{epoch}" if not pass_ else f"{seed}:{epoch}:{pass_}"
 
@@ -129,7 +130,7 @@ def share(n: int, total: int, worker: int) -> int:
     return n // total + (worker < n % total)
 
 
-def _check_worker(total: int, worker: int) -> None:
+def check_worker(total: int, worker: int) -> None:
     if total < 1 or not 0 <= worker < total:
         msg = f"worker must be in range({total}) (got {worker})"
         raise ValueError(msg)
@@ -155,7 +156,7 @@ def assign(n_shards: int, total: int, worker: int) -> list[tuple[int, int, int]]
         >>> assign(2, 5, 4)  # shard 0 is shared by workers 0, 2, 4
         [(0, 2, 3)]
     """
-    _check_worker(total, worker)
+    check_worker(total, worker)
     if n_shards >= total:
         return [(i, 0, 1) for i in range(worker, n_shards, total)]
     if n_shards == 0:
@@ -191,7 +192,7 @@ def assign_even(
         >>> assign_even([5], 2, 1)
         [(0, 2, 4)]
     """
-    _check_worker(total, worker)
+    check_worker(total, worker)
     if ends is None:
         ends = list(itertools.accumulate(counts))  # ends[i]: samples in shards 0..i
     n = int(ends[-1]) if len(ends) else 0
@@ -321,68 +322,6 @@ class SplitPlanner:
             ShardPart(self.url(i), start=start, stop=stop)
             for i, start, stop in assign_even(self._counts, total, worker, ends=self._ends)
         ]
-
-
-def split_blocks(
-    urls: Sequence[str],
-    counts: Sequence[int],
-    size: int,
-    *,
-    seed: int,
-    epoch: int,
-    total: int,
-    worker: int,
-    even: bool = False,
-    pass_: int = 0,
-) -> list[ShardPart]:
-    """The block split: every shard cut into blocks of ``size`` samples, dealt out at random.
-
-    The block shuffle (as MosaicML Streaming's): the blocks of all shards are permuted by
-    ``(seed, epoch)`` and worker ``w`` of ``total`` reads every ``total``-th one from
-    ``w`` on (with ``even``, the even split of the permuted blocks' samples end to end), in
-    that order. A sample still comes in a run of ``size`` from its shard, but every worker
-    reads from every shard, so a shuffle buffer a few blocks long holds samples of many
-    shards — with shards written in class order, of every class. Each block is one ranged
-    read.
-
-    Args:
-        urls: The shard list.
-        counts: The sample count of each shard.
-        size: Samples per block, at least 1.
-        seed: The shard-order seed.
-        epoch: The epoch.
-        total: Total workers (DataLoader workers × ranks).
-        worker: This worker's global index.
-        even: Every worker reads ``N // total`` samples (the rest are nobody's).
-        pass_: The pass within the epoch (``cycle_epochs``): each has its own order.
-
-    Example:
-        >>> blocks = [split_blocks(["a", "b"], [4, 3], 2, seed=0, epoch=0, total=2, worker=w)
-        ...           for w in range(2)]
-        >>> sorted((p.url, p.start, p.stop) for p in blocks[0] + blocks[1])
-        [('a', 0, 2), ('a', 2, 4), ('b', 0, 2), ('b', 2, 3)]
-    """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        msg = f"the block size must be an int of at least 1 (got {size!r})"
-        raise ValueError(msg)
-    _check_worker(total, worker)
-    per_shard = np.asarray(counts, dtype=np.int64)
-    n_blocks = -(-per_shard // size)  # ceil
-    shard = np.repeat(np.arange(len(per_shard)), n_blocks)
-    first = np.cumsum(n_blocks) - n_blocks  # each shard's first block
-    start = (np.arange(len(shard)) - np.repeat(first, n_blocks)) * size
-    stop = np.minimum(start + size, per_shard[shard])
-    digest = hashlib.sha256(f"blocks:{_key(seed, epoch, pass_)}".encode()).digest()
-    order = np.random.RandomState(np.frombuffer(digest, dtype="<u4")).permutation(len(shard))
-    if not even:
-        mine = order[worker::total]
-        return [ShardPart(urls[shard[i]], start=int(start[i]), stop=int(stop[i])) for i in mine]
-    sizes = (stop - start)[order]
-    out = []
-    for i, a, b in assign_even(sizes, total, worker, ends=np.cumsum(sizes)):
-        j = order[i]
-        out.append(ShardPart(urls[shard[j]], start=int(start[j] + a), stop=int(start[j] + b)))
-    return out
 
 
 def split_plan(

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from shardpipes._core.decoders import IMAGE_MODES
+from shardpipes._core.images import IMAGE_MODES
 from shardpipes._core.writer import check_pattern, parse_size
 from shardpipes.cli.common import UsageError, counted
 from shardpipes.cli.write import write_command

@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader, IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, Collator, IterableWrapper
 
 from shardpipes import fs
-from shardpipes._core.decoders import check_image_mode
 from shardpipes._core.handlers import check_handler
+from shardpipes._core.images import check_image_mode
 from shardpipes._core.policy import ErrorPolicy
 from shardpipes._core.split import ShardPart
 from shardpipes.cli.bench_report import StageResult

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardpipes import fs
-from shardpipes._core.decoders import decode_image
+from shardpipes._core.images import decode_image
 from shardpipes._core.writer import TarShardWriter, pattern_parts
 from shardpipes.cli.common import UsageError, counted
 from shardpipes.errors import DecodeError

@@ -16,7 +16,9 @@ One module per responsibility:
 - :mod:`~shardpipes.fs.files`: globs, listings, sizes, existence, outputs;
 - :mod:`~shardpipes.fs.reads`: ranged reads, sizes, and :func:`open_input`'s streams;
 - :mod:`~shardpipes.fs.readahead`: the blocks of remote shards fetched ahead, several at
-  once; :mod:`~shardpipes.fs.resilient`: a local or whole-file stream that resumes
+  once (what it plans in :mod:`~shardpipes.fs.read_plan`, the file it opens in
+  :mod:`~shardpipes.fs.readahead_file`, its threads in :mod:`~shardpipes.fs.io_threads`);
+  :mod:`~shardpipes.fs.resilient`: a local or whole-file stream that resumes
   after a failure; :mod:`~shardpipes.fs.retry`: which failures are retried, how;
 - :mod:`~shardpipes.fs.http_client`: plain ``http(s)://`` with the standard library;
   :mod:`~shardpipes.fs.cache`: the local shard cache; :mod:`~shardpipes.fs.fork`:

@@ -35,16 +35,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import threading
-from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 from shardpipes.fs.cache import ShardCache
-from shardpipes.fs.resilient import READ_STATS, ReadOnly, ResilientStream, raise_permanent
+from shardpipes.fs.io_threads import io_threads
+from shardpipes.fs.read_plan import (
+    FIRST_BLOCK,
+    Block,
+    Ranges,
+    Read,
+    Source,
+    speculate,
+)
+from shardpipes.fs.readahead_file import AheadFile
+from shardpipes.fs.resilient import READ_STATS, ResilientStream, raise_permanent
 from shardpipes.fs.retry import RetryPolicy, gave_up, transient
 
 __all__ = [
@@ -53,78 +60,15 @@ __all__ = [
     "MAX_BLOCK",
     "MIN_BLOCK",
     "READAHEAD",
+    "Ranges",
     "Read",
     "ReadAhead",
 ]
 
 READAHEAD = 64 * 2**20  #: default byte budget of one reader (one per DataLoader worker)
 IO_CONCURRENCY = 4  #: default ranged reads in flight at once, per reader
-FIRST_BLOCK = 1 * 2**20  #: the first block of a read: its first samples after one round trip
 MIN_BLOCK = 1 * 2**20
 MAX_BLOCK = 8 * 2**20
-
-Ranges = tuple[tuple[int, int | None], ...]
-
-
-@dataclass(frozen=True)
-class Read:
-    """A planned read: what :meth:`ReadAhead.open` will be asked for, and how to find it.
-
-    Attributes:
-        key: What identifies the read when it is opened (e.g. the shard part and offset).
-        url: The file's URL.
-        locate: The byte ranges to read, ``end=None`` meaning to the end of the file;
-            called in a fetching thread (it may read an index).
-    """
-
-    key: Hashable
-    url: str
-    locate: Callable[[], Ranges]
-
-
-@dataclass
-class _Block:
-    offset: int
-    length: int
-    future: Future[bytes] = field(default_factory=Future)
-    dropped: bool = False  # read past, or its read was dropped
-    released: bool = False  # its bytes given back to the budget
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-class _Source:
-    """The state of one planned read: its ranges, its size, its blocks asked for."""
-
-    def __init__(self, read: Read) -> None:
-        self.read = read
-        self.ranges: list[tuple[int, int | None]] | None = None  # None: not located yet
-        self.size: int | None = None  # the file's size, where needed and known
-        self.sized: Future[None] = Future()  # running: size asked for; done: known, or not
-        self.size_error: Exception | None = None  # why it could not be found
-        self.ready: Future[None] = Future()  # located (and sized, where needed)
-        self.started = False
-        self.blocks: deque[_Block] = deque()
-        self.next = 0  # index in ranges of the range being cut into blocks
-        self.cursor: int | None = None  # next offset to ask for in that range
-        self.grow = 0  # the next block's size (0: not cut yet)
-        self.closed = False
-        self.chained = "::" in read.url  # opened whole (its filesystem caches it)
-        self.opened: Future[ResilientStream] | None = None
-
-    @property
-    def sizing(self) -> bool:
-        """Whether its size was asked for."""
-        return self.sized.running() or self.sized.done()
-
-    def needs_size(self, cache: bool) -> bool:
-        assert self.ranges is not None
-        return cache or any(end is None for _, end in self.ranges)
-
-    def limit(self, end: int | None) -> int | None:
-        return self.size if end is None else end if self.size is None else min(end, self.size)
 
 
 class ReadAhead:
@@ -157,7 +101,7 @@ class ReadAhead:
         self.budget, self.concurrency = budget, concurrency
         self.block = min(MAX_BLOCK, max(MIN_BLOCK, budget // (2 * concurrency)))
         self._lock = threading.Lock()
-        self._sources: list[_Source] = []  # the open ones first, then the planned ones
+        self._sources: list[Source] = []  # the open ones first, then the planned ones
         self._held = 0  # bytes of blocks asked for and not yet read past
         self.peak = 0  #: the most bytes held at once (the budget, plus a block at most)
         self._inflight = 0  # blocks asked for and not yet come
@@ -172,14 +116,14 @@ class ReadAhead:
             planned = {s.read.key: s for s in self._sources if not s.started}
             keep = [s for s in self._sources if s.started]
             keep += [
-                planned.pop(read.key) if read.key in planned else _Source(read) for read in reads
+                planned.pop(read.key) if read.key in planned else Source(read) for read in reads
             ]
             for source in planned.values():
                 self._drop(source)
             self._sources = keep
             self._pump()
 
-    def open(self, read: Read) -> _Stream:
+    def open(self, read: Read) -> AheadFile:
         """A stream over ``read``: the planned one if it was planned, else a new one.
 
         Raises:
@@ -192,12 +136,12 @@ class ReadAhead:
                 (s for s in self._sources if not s.started and s.read.key == read.key), None
             )
             if source is None:
-                source = _Source(read)
+                source = Source(read)
                 self._sources.insert(sum(s.started for s in self._sources), source)
             source.started = True
             self._pump()
         READ_STATS.count(opens=1)
-        stream = _Stream(self, source)
+        stream = AheadFile(self, source)
         try:
             source.ready.result()  # raises what finding it raised
         except BaseException:
@@ -232,7 +176,7 @@ class ReadAhead:
             if not self._cut(source):
                 return  # out of budget
 
-    def _cut(self, source: _Source, *, force: bool = False) -> bool:
+    def _cut(self, source: Source, *, force: bool = False) -> bool:
         """Ask for the blocks of ``source`` the budget allows; whether all were asked for.
 
         With ``force``, one block is asked for whatever the budget: the reader waits on it.
@@ -246,7 +190,7 @@ class ReadAhead:
             if limit is not None and source.cursor >= limit:
                 source.next, source.cursor = source.next + 1, None
                 continue
-            if limit is None and source.cursor != start and not _speculate(source, start):
+            if limit is None and source.cursor != start and not speculate(source, start):
                 return False  # to the end of a file of unknown size: wait for its size
             if not source.grow:  # a read waited for starts small; one fetched ahead does not
                 source.grow = min(FIRST_BLOCK, self.block) if source.started else self.block
@@ -255,7 +199,7 @@ class ReadAhead:
             if not force and (busy or (self._held and self._held + length > self.budget)):
                 return False
             force = False
-            block = _Block(source.cursor, length)
+            block = Block(source.cursor, length)
             block.future.set_running_or_notify_cancel()
             source.blocks.append(block)
             self._held += length
@@ -266,13 +210,13 @@ class ReadAhead:
             self._submit(lambda s=source, b=block: self._get(s, b))  # type: ignore[misc]
         return True
 
-    def settle_size(self, source: _Source, size: int) -> None:
+    def settle_size(self, source: Source, size: int) -> None:
         """A block came back short: the file ends at ``size``."""
         with self._lock:
             if source.size is None or source.size > size:
                 source.size = size
 
-    def _drop(self, source: _Source) -> None:
+    def _drop(self, source: Source) -> None:
         source.closed = True
         for block in source.blocks:
             self._release(block)
@@ -281,7 +225,7 @@ class ReadAhead:
             with contextlib.suppress(Exception):
                 source.opened.result().close()
 
-    def _release(self, block: _Block) -> None:
+    def _release(self, block: Block) -> None:
         """Give back a block's bytes: now if it has come, else when it does (in ``_get``)."""
         block.dropped = True
         if block.future.done() and not block.released:
@@ -293,7 +237,7 @@ class ReadAhead:
     def _submit(self, task: Callable[[], None]) -> None:
         # one thread more than the requests in flight: a read being located may itself
         # read (an index) through the pool
-        _threads(self.concurrency + 1).put(task)
+        io_threads(self.concurrency + 1).put(task)
 
     def _fork_check(self) -> None:
         """In a forked process, forget the parent's reads: its threads did not come along."""
@@ -302,7 +246,7 @@ class ReadAhead:
             self._lock = threading.Lock()
             self._sources, self._held, self._inflight = [], 0, 0
 
-    def _locate(self, source: _Source) -> None:
+    def _locate(self, source: Source) -> None:
         try:
             ranges = list(source.read.locate())
             with self._lock:
@@ -321,7 +265,7 @@ class ReadAhead:
         with self._lock:
             self._pump()
 
-    def _measure(self, source: _Source) -> int:
+    def _measure(self, source: Source) -> int:
         """Find the size of ``source``'s file (one request), record it and go on cutting.
 
         Raises:
@@ -347,7 +291,7 @@ class ReadAhead:
                 if not source.sized.done():
                     source.sized.set_result(None)
 
-    def _open_whole(self, source: _Source) -> None:
+    def _open_whole(self, source: Source) -> None:
         assert source.opened is not None
         url = source.read.url
         try:
@@ -360,7 +304,7 @@ class ReadAhead:
             if source.closed:  # dropped while it was being opened
                 stream.close()
 
-    def _get(self, source: _Source, block: _Block) -> None:
+    def _get(self, source: Source, block: Block) -> None:
         try:
             self._get_block(source, block)
         finally:
@@ -371,7 +315,7 @@ class ReadAhead:
                     self._held -= block.length
                 self._pump()
 
-    def _get_block(self, source: _Source, block: _Block) -> None:
+    def _get_block(self, source: Source, block: Block) -> None:
         if block.dropped or source.closed:
             block.future.set_result(b"")
             return
@@ -398,7 +342,7 @@ class ReadAhead:
             data = b""
         block.future.set_result(data)
 
-    def _past_end(self, source: _Source, block: _Block) -> bool:
+    def _past_end(self, source: Source, block: Block) -> bool:
         """Whether ``block`` starts past its file's end (asked for before the size was known).
 
         Backends refuse such a range (S3's ``InvalidRange``, an HTTP 416) instead of
@@ -416,7 +360,7 @@ class ReadAhead:
         fn: Callable[[], Any],
         what: str = "read",
         *,
-        source: _Source | None = None,
+        source: Source | None = None,
     ) -> Any:
         """``fn()`` with the retry policy; failures as shardpipes errors naming ``url``.
 
@@ -437,159 +381,5 @@ class ReadAhead:
             raise gave_up(exc, url, what, self.retry.retries, offset) from exc
 
 
-def _quietly(fn: Callable[[_Source], object], source: _Source) -> None:
-    with contextlib.suppress(Exception):
-        fn(source)
-
-
 class _DroppedError(Exception):
     """A block's read was dropped while it was being retried."""
-
-
-Task = Callable[[], None]
-_pool: dict[str, Any] = {"pid": -1, "threads": 0, "tasks": None}
-_pool_lock = threading.Lock()
-
-
-def _threads(n: int) -> queue.SimpleQueue[Task]:
-    """The process's task queue, served by at least ``n`` daemon threads."""
-    with _pool_lock:
-        if _pool["pid"] != os.getpid():  # first use, or a forked child: threads anew
-            _pool.update(pid=os.getpid(), threads=0, tasks=queue.SimpleQueue())
-        tasks: queue.SimpleQueue[Task] = _pool["tasks"]
-        while _pool["threads"] < n:
-            thread = threading.Thread(target=_serve, args=(tasks,), name="shardpipes-io")
-            thread.daemon = True
-            thread.start()
-            _pool["threads"] += 1
-        return tasks
-
-
-def _serve(tasks: queue.SimpleQueue[Task]) -> None:
-    while True:
-        tasks.get()()
-
-
-class _Stream(ReadOnly):
-    """A seekable, read-only stream over one planned read (see :meth:`ReadAhead.open`)."""
-
-    def __init__(self, ahead: ReadAhead, source: _Source) -> None:
-        self._ahead, self._source = ahead, source
-        self.pos = 0
-
-    def _whole(self) -> ResilientStream | None:
-        opened = self._source.opened
-        if opened is None:
-            return None
-        stream = opened.result()
-        if stream.tell() != self.pos:
-            stream.seek(self.pos)
-        return stream
-
-    def read(self, n: int = -1) -> bytes:
-        whole = self._whole()
-        if whole is not None:
-            data = whole.read(n)
-            self.pos += len(data)
-            READ_STATS.count(bytes=len(data))
-            return data
-        parts: list[bytes] = []
-        want = n if n >= 0 else None
-        while want is None or want > 0:
-            block = self._block()
-            if block is None:
-                break
-            data = block.future.result()
-            start = self.pos - block.offset
-            stop = len(data) if want is None else min(len(data), start + want)
-            if len(data) < block.length:  # a short block: the file ends there
-                self._ahead.settle_size(self._source, block.offset + len(data))
-            if stop <= start:
-                break
-            parts.append(data[start:stop])
-            self.pos += stop - start
-            if want is not None:
-                want -= stop - start
-        out = parts[0] if len(parts) == 1 else b"".join(parts)
-        READ_STATS.count(bytes=len(out))
-        return out
-
-    def _block(self) -> _Block | None:
-        """The block holding ``pos``, asked for now if it was not; ``None`` at the file's end."""
-        while (block := self._next_block()) is None:
-            if self._source.size is not None and self.pos >= self._source.size:
-                return None  # the end of the file
-            self._source.sized.result()  # to the end of a file whose size is being found
-        return block
-
-    def _next_block(self) -> _Block | None:
-        ahead, source = self._ahead, self._source
-        with ahead._lock:
-            while source.blocks and source.blocks[0].end <= self.pos:
-                ahead._release(source.blocks.popleft())
-            if not (source.blocks and source.blocks[0].offset <= self.pos):
-                if source.size is not None and self.pos >= source.size:
-                    return None
-                if source.blocks or _next_offset(source) != self.pos:
-                    _replan(ahead, source, self.pos)  # outside the plan: from here to the end
-                ahead._cut(source, force=True)
-            ahead._pump()
-            if source.blocks:
-                return source.blocks[0]
-            if source.size_error is not None:  # the size it waits for could not be found
-                raise source.size_error
-            return None
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence == 2:
-            size = self._size()
-            target = size + offset
-        else:
-            target = offset if whence == 0 else self.pos + offset
-        if target < 0:
-            msg = f"negative seek position {target}"
-            raise ValueError(msg)
-        self.pos = target
-        return target
-
-    def _size(self) -> int:
-        source = self._source
-        return source.size if source.size is not None else self._ahead._measure(source)
-
-    def close(self) -> None:
-        ahead = self._ahead
-        with ahead._lock:
-            ahead._drop(self._source)
-            with contextlib.suppress(ValueError):
-                ahead._sources.remove(self._source)
-            ahead._pump()
-
-
-def _speculate(source: _Source, start: int) -> bool:
-    """Whether to ask for a waited-on read's second block before its file's size is known.
-
-    Its first samples may need more than the first block: both go out at once (a round
-    trip saved); past the end of a small file, the second comes back empty.
-    """
-    assert source.cursor is not None
-    return source.started and source.cursor - start <= FIRST_BLOCK
-
-
-def _next_offset(source: _Source) -> int | None:
-    """The offset of the next block ``source`` would ask for (``None``: none left)."""
-    assert source.ranges is not None
-    if source.next >= len(source.ranges):
-        return None
-    return source.cursor if source.cursor is not None else source.ranges[source.next][0]
-
-
-def _replan(ahead: ReadAhead, source: _Source, pos: int) -> None:
-    """Plan ``source`` anew from ``pos`` to the end of its file (whose size it then needs)."""
-    for block in source.blocks:
-        ahead._release(block)
-    source.blocks.clear()
-    source.ranges, source.next, source.cursor = [(pos, None)], 0, None
-    source.grow = 0
-    if source.size is None and not source.sizing and not source.chained:
-        source.sized.set_running_or_notify_cancel()
-        ahead._submit(lambda: _quietly(ahead._measure, source))  # a waiting reader raises

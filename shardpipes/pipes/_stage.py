@@ -27,6 +27,7 @@ __all__ = [
     "envelope",
     "functional_form",
     "pipeline_state",
+    "reads_ours",
     "stats_of",
 ]
 
@@ -246,3 +247,14 @@ class Functions:
 
     def __repr__(self) -> str:
         return repr(self.items)
+
+
+def reads_ours(pipe: Any) -> bool:
+    """Whether a shardpipes stage stands in the chain that ends at ``pipe``."""
+    for _ in range(10_000):  # a chain, not a graph: each pipe's one source
+        if isinstance(pipe, Pipe):
+            return True
+        pipe = getattr(pipe, "datapipe", getattr(pipe, "source_datapipe", None))
+        if pipe is None:
+            return False
+    return False

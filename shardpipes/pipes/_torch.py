@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -30,7 +31,7 @@ from torch.utils.data.datapipes.iter import (
 
 from shardpipes._core.stage import Leaf, Stage, as_stage, install_adapter, no_length
 
-__all__ = ["adapt", "distributed", "reads_ours", "worker_placement"]
+__all__ = ["adapt", "check_process_group", "distributed", "worker_placement"]
 
 
 def distributed() -> tuple[int, int]:
@@ -55,6 +56,32 @@ def worker_placement(ranks: tuple[int, int] | None = None) -> tuple[int, int]:
     num_workers, worker_id = (info.num_workers, info.id) if info is not None else (1, 0)
     world_size, rank = ranks or distributed()
     return global_worker(world_size, rank, num_workers, worker_id)
+
+
+def check_process_group(total: int) -> None:
+    """Refuse to read as one process when the environment says there are several.
+
+    ``torchrun`` sets ``WORLD_SIZE``; without ``init_process_group`` the split cannot see
+    the other ranks, and every rank would read every sample. A warning would scroll by
+    once per rank and worker while the job trains on duplicates: this is an error.
+
+    Args:
+        total: The workers × ranks the split found.
+
+    Raises:
+        ValueError: ``WORLD_SIZE`` is above 1 and the split found one rank.
+    """
+    given = os.environ.get("WORLD_SIZE", "1")
+    info = get_worker_info()
+    world = total // (info.num_workers if info is not None else 1)
+    if world == 1 and given.isdigit() and int(given) > 1:
+        msg = (
+            f"WORLD_SIZE={given} is set (as torchrun does), but torch.distributed is not "
+            "initialized, so every process would read every sample: call "
+            "torch.distributed.init_process_group() (backend 'gloo' on CPU, 'nccl' on GPUs) "
+            "before the loader starts, or unset WORLD_SIZE for one process to read it all"
+        )
+        raise ValueError(msg)
 
 
 class _View(Stage):
@@ -256,16 +283,3 @@ def adapt(pipe: Any) -> Stage:
 
 
 install_adapter(adapt)
-
-
-def reads_ours(pipe: Any) -> bool:
-    """Whether a shardpipes stage stands in the chain that ends at ``pipe``."""
-    from shardpipes.pipes._stage import Pipe
-
-    for _ in range(10_000):  # a chain, not a graph: each pipe's one source
-        if isinstance(pipe, Pipe):
-            return True
-        pipe = getattr(pipe, "datapipe", getattr(pipe, "source_datapipe", None))
-        if pipe is None:
-            return False
-    return False

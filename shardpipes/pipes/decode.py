@@ -15,14 +15,9 @@ import torch
 from torch.utils.data import IterDataPipe
 from typing_extensions import override
 
-from shardpipes._core.decoders import (
-    Decoder,
-    Decoding,
-    check_allow_pickle,
-    check_image_mode,
-    default_decoders,
-)
+from shardpipes._core.decoders import Decoder, Decoding, check_allow_pickle, default_decoders
 from shardpipes._core.handlers import Handler, check_handler
+from shardpipes._core.images import check_image_mode
 from shardpipes._core.reading import reference
 from shardpipes._core.steps import InFlight, guard, guarded, threaded
 from shardpipes.errors import UnsafeDataError

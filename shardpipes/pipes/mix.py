@@ -15,9 +15,10 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from typing_extensions import override
 
+from shardpipes._core.clock import Clocked, EpochClock
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
-from shardpipes._core.stage import Clocked, EpochClock, Stage, as_stage, loaded_state, no_length
+from shardpipes._core.stage import Stage, as_stage, loaded_state, no_length
 from shardpipes.pipes._stage import Pipe
 from shardpipes.pipes._torch import require_pipeline
 from shardpipes.pipes.fields import takes_samples

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from torch.utils.data import IterDataPipe, get_worker_info
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from typing_extensions import override
 
-from shardpipes._core.split import ShardPart, SplitPlanner, split_blocks
-from shardpipes._core.stage import Clocked, EpochClock, as_stage, no_length
+from shardpipes._core.blocks import split_blocks
+from shardpipes._core.clock import Clocked, EpochClock
+from shardpipes._core.split import ShardPart, SplitPlanner
+from shardpipes._core.split_state import check_split_state, digest
+from shardpipes._core.stage import as_stage, no_length
 from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes._stage import Pipe, functional_form
-from shardpipes.pipes._torch import worker_placement
+from shardpipes.pipes._torch import check_process_group, worker_placement
 from shardpipes.pipes.index import Ranges, local_ranges, read_index, shard_ranges
 
-__all__ = ["ShardSplitter", "check_process_group", "set_epoch"]
+__all__ = ["ShardSplitter"]
 
 
 @functional_form("split_shards")
@@ -69,7 +70,7 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
             ``block_shuffle``).
         block_shuffle: With ``shuffle``, cut every shard into blocks of this many samples,
             permute the blocks of all shards by ``(seed, epoch)`` and deal them to the
-            workers (:func:`~shardpipes._core.split.split_blocks`): every worker reads from
+            workers (:func:`~shardpipes._core.blocks.split_blocks`): every worker reads from
             every shard, so a small shuffle buffer mixes shards written in class order.
             Needs each shard's sample count, like ``even``, and uncompressed shards.
 
@@ -226,7 +227,7 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
         used = self._plan_of(urls, total, worker)
         loaded, self._loaded = self._loaded, None
         if loaded is not None:
-            _check_state(loaded, used, fixed_seed=self.seed)
+            check_split_state(loaded, used, fixed_seed=self.seed)
         self._used = used
         yield from self._parts(urls, total, worker)
 
@@ -374,96 +375,3 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
 _PLANNERS: weakref.WeakKeyDictionary[ShardSplitter, tuple[list[str], Any, SplitPlanner]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def digest(urls: Sequence[str]) -> str:
-    """A short digest of a shard list (a state names the list it was saved for by it)."""
-    return hashlib.sha1("\n".join(urls).encode(), usedforsecurity=False).hexdigest()[:16]
-
-
-def _check_state(
-    saved: Mapping[str, Any], now: Mapping[str, Any], *, fixed_seed: int | None
-) -> None:
-    """Raise ``ValueError`` naming the first way a saved split state differs from now."""
-    if "digest" in saved and (saved["shards"], saved["digest"]) != (now["shards"], now["digest"]):
-        msg = (
-            f"the state was saved for another shard list ({saved['shards']} shards, digest "
-            f"{saved['digest']}; now {now['shards']} shards, digest {now['digest']})"
-        )
-        raise ValueError(msg)
-    if "workers" in saved and (saved["workers"], saved["worker"]) != (
-        now["workers"],
-        now["worker"],
-    ):
-        msg = (
-            f"the state was saved by worker {saved['worker']} of {saved['workers']} (DataLoader "
-            f"workers × ranks); this is worker {now['worker']} of {now['workers']}. To resume "
-            "on another number of workers or ranks: pipe = sp.resume_from(pipe, state)"
-        )
-        raise ValueError(msg)
-    if fixed_seed is None and saved.get("seeded"):
-        msg = (
-            f"the state was saved with seed={saved['seed']}: give the pipe that saved it, "
-            f"with the same seed (split_shards(seed={saved['seed']}), a recipe's seed=)"
-        )
-        raise ValueError(msg)
-    if fixed_seed is not None and saved["seed"] != fixed_seed:
-        msg = f"the state was saved with seed {saved['seed']}; this pipe has seed={fixed_seed}"
-        raise ValueError(msg)
-    if saved.get("blocks") != now.get("blocks") and "workers" in saved:
-        msg = (
-            f"the state was saved with block_shuffle={saved.get('blocks')}; this pipe reads "
-            f"with block_shuffle={now.get('blocks')}"
-        )
-        raise ValueError(msg)
-    if saved.get("even", now["even"]) != now["even"]:
-        msg = f"the state was saved with even={saved['even']}; this pipe has even={now['even']}"
-        raise ValueError(msg)
-
-
-def set_epoch(pipe: IterDataPipe[Any], epoch: int) -> IterDataPipe[Any]:
-    """Set the epoch of a pipeline's next iteration (every stage that takes one); returns ``pipe``.
-
-    The shard order of a seeded ``split_shards``, seeded shuffle buffers and a mix's draws
-    are functions of ``(seed, epoch)``. Without it, a new iteration after one that began
-    is the next epoch; call this to choose it, e.g. before each epoch as with
-    ``DistributedSampler.set_epoch``, or after loading a checkpoint.
-
-    Raises:
-        ValueError: If nothing in the pipeline takes an epoch.
-    """
-    stage = as_stage(pipe)
-    if not stage.takes_epoch:
-        msg = (
-            f"{type(pipe).__name__} has no split_shards stage, so nothing in it takes an "
-            "epoch: add .split_shards() after list_shards()"
-        )
-        raise ValueError(msg)
-    stage.set_epoch(epoch)
-    return pipe
-
-
-def check_process_group(total: int) -> None:
-    """Refuse to read as one process when the environment says there are several.
-
-    ``torchrun`` sets ``WORLD_SIZE``; without ``init_process_group`` the split cannot see
-    the other ranks, and every rank would read every sample. A warning would scroll by
-    once per rank and worker while the job trains on duplicates: this is an error.
-
-    Args:
-        total: The workers × ranks the split found.
-
-    Raises:
-        ValueError: ``WORLD_SIZE`` is above 1 and the split found one rank.
-    """
-    given = os.environ.get("WORLD_SIZE", "1")
-    info = get_worker_info()
-    world = total // (info.num_workers if info is not None else 1)
-    if world == 1 and given.isdigit() and int(given) > 1:
-        msg = (
-            f"WORLD_SIZE={given} is set (as torchrun does), but torch.distributed is not "
-            "initialized, so every process would read every sample: call "
-            "torch.distributed.init_process_group() (backend 'gloo' on CPU, 'nccl' on GPUs) "
-            "before the loader starts, or unset WORLD_SIZE for one process to read it all"
-        )
-        raise ValueError(msg)

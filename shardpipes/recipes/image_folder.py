@@ -17,7 +17,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from shardpipes import fs
-from shardpipes._core.decoders import IMAGE_EXTENSIONS, decode_image, described
+from shardpipes._core.decoders import described
+from shardpipes._core.images import IMAGE_EXTENSIONS, decode_image
 from shardpipes.errors import DecodeError, NoShardsError
 
 __all__ = ["ImageFolder", "check_classes", "class_images", "image_folder", "read_classes"]
@@ -54,7 +55,7 @@ def class_images(
 
     Returns:
         ``(classes, images)``: the class list, and ``(url, label, parts)`` of every image
-        file (extension in :data:`~shardpipes._core.decoders.IMAGE_EXTENSIONS`, any case)
+        file (extension in :data:`~shardpipes._core.images.IMAGE_EXTENSIONS`, any case)
         under the class folders, by class then by URL; ``parts`` is its path from
         ``root``. On a local disk, symbolic links never lead out of ``root`` (see
         :func:`shardpipes.fs.walk`).

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardpipes as sp
-from shardpipes._core.split import split_blocks
+from shardpipes._core.blocks import split_blocks
 from tests.conftest import Dataset, write_tar
 
 CLASSES, PER_SHARD = 5, 60  # 10 shards, 2 per class

@@ -13,8 +13,9 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import shardpipes as sp
-from shardpipes._core.decoders import decode_image, decode_sample, default_decoders
+from shardpipes._core.decoders import decode_sample, default_decoders
 from shardpipes._core.handlers import ShardpipesWarning
+from shardpipes._core.images import decode_image
 from shardpipes.errors import DecodeError, UnsafeDataError
 from shardpipes.pipes.decode import SampleDecoder, decoder_table
 from tests.conftest import write_tar
@@ -539,7 +540,7 @@ class TestResizeCrop:
 
 def test_webdataset_image_specs_are_understood() -> None:
     """rgb8, torchrgb8 and pilrgb mean numpy, torch and pil; other specs say the way out."""
-    from shardpipes._core.decoders import check_image_mode
+    from shardpipes._core.images import check_image_mode
 
     assert [check_image_mode(s) for s in ("rgb8", "torchrgb8", "pilrgb")] == [
         "numpy",
