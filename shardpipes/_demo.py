@@ -24,17 +24,6 @@ from PIL import Image
 
 from shardpipes._core.writer import TarShardWriter
 
-__all__ = [
-    "CLASSES",
-    "default_cache",
-    "ensure_dataset",
-    "exactly_once",
-    "fingerprints",
-    "make_image",
-    "reference",
-    "stream",
-]
-
 CLASSES = 10
 SIZE = 64
 SEED = 20240601

@@ -42,8 +42,6 @@ from shardpipes.pipes._stage import envelope, pipeline_state, reads_ours
 from shardpipes.pipes._torch import distributed
 from shardpipes.pipes.resumable import Resumable
 
-__all__ = ["LoaderPipe", "install", "version"]
-
 
 def version(package: str) -> tuple[int, ...]:
     """The installed version of ``package`` as numbers (``(0, 11, 0)``); ``()`` if unknown."""
@@ -196,7 +194,6 @@ def _told(init: Callable[..., None]) -> Callable[..., None]:
             else:  # the newest loader reads it here
                 READ_IN_WORKERS.pop(wrapper.pipe, None)
 
-    __init__._shardpipes = True  # type: ignore[attr-defined]
     return __init__
 
 
@@ -210,7 +207,6 @@ def _handing(iterate: Callable[..., Any]) -> Callable[..., Any]:
             wrapper.hand_out()
         return iterate(self)
 
-    __iter__._shardpipes = True  # type: ignore[attr-defined]
     return __iter__
 
 
@@ -254,7 +250,6 @@ def _handing_for_state(state_dict: Callable[..., Any]) -> Callable[..., Any]:
             _warn_fetched_ahead(self)
         return state_dict(self)
 
-    wrapped._shardpipes = True  # type: ignore[attr-defined]
     wrapped.__name__ = wrapped.__qualname__ = "state_dict"
     return wrapped
 
@@ -284,7 +279,6 @@ def _checked(load: Callable[..., None]) -> Callable[..., None]:
                 wrapper.loaded(epoch)
         load(self, state_dict)
 
-    load_state_dict._shardpipes = True  # type: ignore[attr-defined]
     return load_state_dict
 
 
@@ -313,26 +307,27 @@ def _saved_workers(state: Mapping[str, Any]) -> int | None:
     return workers if isinstance(workers, int) else None
 
 
-def _loader_reset() -> None:
-    from torchdata.nodes import loader  # type: ignore[import-untyped]
-
-    iterator = loader.LoaderIterator
-    if getattr(iterator.reset, "_shardpipes", False):
-        return
-    original = iterator.reset
+def _drops_cached_state(original: Callable[..., None]) -> Callable[..., None]:
+    """``torchdata.nodes``' ``LoaderIterator.reset``, which forgets the state it cached."""
 
     def reset(self: Any, initial_state: Mapping[str, Any] | None = None) -> None:
         original(self, initial_state)
         self._cached_state_dict = None
 
-    reset._shardpipes = True  # type: ignore[attr-defined]
-    iterator.reset = reset
+    return reset
+
+
+def _patch(owner: Any, name: str, wrap: Callable[[Any], Any]) -> None:
+    """Replace ``owner.name`` by ``wrap`` of it, once (a second install finds it marked)."""
+    original = getattr(owner, name)
+    if not getattr(original, "_shardpipes", False):
+        patched = wrap(original)
+        patched._shardpipes = True
+        setattr(owner, name, patched)
 
 
 def install() -> None:
     """Apply the changes that the installed versions need (once; idempotent)."""
-    import warnings
-
     from torch.utils.data import DataLoader, dataloader
     from torchdata.stateful_dataloader import (  # type: ignore[import-untyped]
         StatefulDataLoader,
@@ -342,16 +337,14 @@ def install() -> None:
     stateful_dataloader._IterDataPipeSerializationWrapper = _wrap
     dataloader._IterDataPipeSerializationWrapper = _wrap  # type: ignore[attr-defined,assignment]
     for loader_class in (DataLoader, StatefulDataLoader):
-        if not getattr(loader_class.__init__, "_shardpipes", False):
-            loader_class.__init__ = _told(loader_class.__init__)  # type: ignore[method-assign]
-        if not getattr(loader_class.__iter__, "_shardpipes", False):
-            loader_class.__iter__ = _handing(loader_class.__iter__)  # type: ignore[method-assign]
-    if not getattr(StatefulDataLoader.state_dict, "_shardpipes", False):
-        StatefulDataLoader.state_dict = _handing_for_state(StatefulDataLoader.state_dict)
-    if not getattr(StatefulDataLoader.load_state_dict, "_shardpipes", False):
-        StatefulDataLoader.load_state_dict = _checked(StatefulDataLoader.load_state_dict)
+        _patch(loader_class, "__init__", _told)
+        _patch(loader_class, "__iter__", _handing)
+    _patch(StatefulDataLoader, "state_dict", _handing_for_state)
+    _patch(StatefulDataLoader, "load_state_dict", _checked)
     if version("torchdata")[:2] <= (0, 11):
-        _loader_reset()
+        from torchdata.nodes import loader  # type: ignore[import-untyped]
+
+        _patch(loader.LoaderIterator, "reset", _drops_cached_state)
     if version("torchdata")[:2] == (0, 11):
         warnings.filterwarnings(
             "ignore",

@@ -63,17 +63,11 @@ class ShardpipesError(Exception):
         message = f"{self.url}: {self.problem}" if self.url is not None else self.problem
         return f"{message} ({' '.join(where)})" if where else message
 
-    def __str__(self) -> str:
-        return self._format()
+    __str__ = _format
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only fields survive pickling (DataLoader workers send errors to the parent).
-        kwargs = {
-            "url": self.url,
-            "member": self.member,
-            "key": self.key,
-            "offset": self.offset,
-        }
+        kwargs = {name: getattr(self, name) for name in ("url", "member", "key", "offset")}
         return (_rebuild, (type(self), self.problem, kwargs))
 
 

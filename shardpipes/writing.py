@@ -18,6 +18,7 @@ from typing import IO, Any, cast
 
 from shardpipes import fs
 from shardpipes._core.encoders import encode_value
+from shardpipes._core.stage import checked_int
 from shardpipes._core.writer import ShardInfo, TarShardWriter, check_key, size_option
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "encode"]
@@ -162,9 +163,7 @@ class ShardWriter(_Writer):
             remove=lambda url: fs.remove_file(url, options),
             index=index and not pattern.endswith(_GZIP),
         )
-        if isinstance(start_shard, bool) or not isinstance(start_shard, int) or start_shard < 0:
-            msg = f"start_shard must be a non-negative int (got {start_shard!r})"
-            raise ValueError(msg)
+        checked_int(start_shard, "start_shard", 0)
         writer.first = start_shard
         writer.post = functools.partial(_finished, post, verbose)
         super().__init__(writer)

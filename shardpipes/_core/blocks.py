@@ -8,8 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardpipes._core.split import ShardPart, assign_even, check_worker, order_key
-
-__all__ = ["split_blocks"]
+from shardpipes._core.stage import checked_int
 
 
 def split_blocks(
@@ -51,9 +50,7 @@ def split_blocks(
         >>> sorted((p.url, p.start, p.stop) for p in blocks[0] + blocks[1])
         [('a', 0, 2), ('a', 2, 4), ('b', 0, 2), ('b', 2, 3)]
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        msg = f"the block size must be an int of at least 1 (got {size!r})"
-        raise ValueError(msg)
+    checked_int(size, "the block size")
     check_worker(total, worker)
     per_shard = np.asarray(counts, dtype=np.int64)
     n_blocks = -(-per_shard // size)  # ceil

@@ -16,8 +16,6 @@ from __future__ import annotations
 import itertools
 import re
 
-__all__ = ["expand_braces"]
-
 _RANGE = re.compile(
     r"^(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?$|^([a-zA-Z])\.\.([a-zA-Z])(?:\.\.(-?\d+))?$"
 )

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardpipes._core.stage import Stage
-
-__all__ = ["Clocked", "EpochClock"]
+from shardpipes._core.stage import Stage, checked_int
 
 
 class EpochClock:
@@ -29,9 +27,7 @@ class EpochClock:
 
     def set(self, epoch: int, *, given: bool) -> None:
         """Make ``epoch`` the next iteration's, from its first pass."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            msg = f"epoch must be a non-negative int (got {epoch!r})"
-            raise ValueError(msg)
+        checked_int(epoch, "epoch", 0)
         self.epoch, self.pass_, self.begun, self.given = epoch, 0, False, given
 
     def restart(self) -> None:

@@ -35,20 +35,6 @@ from shardpipes._core.samples import ShardSample, placed_like
 from shardpipes._core.tenbin import decode_tenbin
 from shardpipes.errors import DecodeError, UnsafeDataError
 
-__all__ = [
-    "PICKLE_EXTENSIONS",
-    "Decoder",
-    "Decoding",
-    "check_allow_pickle",
-    "decode_field",
-    "decode_sample",
-    "decode_value",
-    "decoder_for",
-    "default_decoders",
-    "described",
-    "located",
-]
-
 Decoder = Callable[[bytes], Any]
 
 PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl"})
@@ -85,14 +71,6 @@ def check_allow_pickle(allow_pickle: bool | Iterable[str]) -> frozenset[str]:
 
 def _decode_int(data: bytes) -> int:
     return int(data.decode("utf-8").strip())
-
-
-def _decode_text(data: bytes) -> str:
-    return data.decode("utf-8")
-
-
-def _decode_json(data: bytes) -> Any:
-    return json.loads(data)
 
 
 def _decode_npy(data: bytes) -> Any:
@@ -139,10 +117,6 @@ def _to_tensor(
     tensor: Callable[[Any], Any], data: bytes, *, resize: int | None, crop: int | None
 ) -> Any:
     return tensor(decode_image(data, "numpy", resize=resize, crop=crop))
-
-
-def _decode_pickle(data: bytes) -> Any:
-    return pickle.loads(data)  # the caller opted in: allow_pickle
 
 
 def _refuse_pickle(data: bytes, *, ext: str) -> Any:
@@ -199,12 +173,12 @@ def default_decoders(
         image_decoder = partial(decode_image, mode=image, resize=resize, crop=crop)
     table: dict[str, Decoder | None] = dict.fromkeys(IMAGE_EXTENSIONS, image_decoder)
     table.update(dict.fromkeys(("cls", "cls2", "index", "label"), _decode_int))
-    table.update(txt=_decode_text, text=_decode_text, json=_decode_json)
+    table.update(txt=bytes.decode, text=bytes.decode, json=json.loads)
     table.update(npy=_decode_npy, npz=_decode_npz, pth=weights, pt=weights)
     table.update(dict.fromkeys(("ten", "tb"), decode_tenbin))
     table.update(dict.fromkeys(("mp", "msg", "msgpack"), _decode_msgpack))
     for ext in PICKLE_EXTENSIONS:
-        table[ext] = _decode_pickle if ext in allowed else partial(_refuse_pickle, ext=ext)
+        table[ext] = pickle.loads if ext in allowed else partial(_refuse_pickle, ext=ext)
     return table
 
 

@@ -36,8 +36,6 @@ from typing import Any
 
 from shardpipes._core.tenbin import encode_tenbin
 
-__all__ = ["IMAGE_FORMATS", "encode_value"]
-
 #: Pillow's format name for each image extension the writer encodes
 IMAGE_FORMATS = {
     "jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "ppm": "PPM", "pgm": "PPM",

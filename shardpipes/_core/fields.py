@@ -10,8 +10,6 @@ from shardpipes._core.images import IMAGE_EXTENSIONS
 from shardpipes._core.samples import SampleTuple, placed_like
 from shardpipes.errors import MissingFieldError
 
-__all__ = ["Alternatives", "either", "parse_fields", "pick", "pick_tuple"]
-
 Alternatives = tuple[tuple[str, ...], ...]  # each field's names, in order of preference
 
 

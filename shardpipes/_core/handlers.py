@@ -24,8 +24,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Handler", "ShardpipesWarning", "check_handler", "handle"]
-
 HandlerFn = Callable[[BaseException, dict[str, Any]], bool]
 
 

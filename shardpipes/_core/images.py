@@ -13,15 +13,6 @@ import numpy
 import PIL.Image
 import PIL.ImageFile
 
-__all__ = [
-    "IMAGE_EXTENSIONS",
-    "IMAGE_MODES",
-    "IMAGE_SPECS",
-    "check_image_mode",
-    "check_size",
-    "decode_image",
-]
-
 IMAGE_MODES = ("pil", "numpy", "torch", "bytes")
 IMAGE_EXTENSIONS = frozenset(
     {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "tif", "tiff", "webp"}

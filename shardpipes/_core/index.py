@@ -22,8 +22,6 @@ from shardpipes._core.samples import split_name
 from shardpipes._core.tar import Member
 from shardpipes.errors import ShardIndexError
 
-__all__ = ["dump_index", "load_index", "sample_ranges"]
-
 _MAGIC = "shardpipes-index"
 _VERSION = "1"
 

@@ -21,8 +21,6 @@ import random
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["BLOCK", "MixDraws", "check_weights", "mixed", "replay_draws"]
-
 T = TypeVar("T")
 
 BLOCK = 20  #: draws per block: every source's share of it, in a random order
@@ -168,34 +166,3 @@ def mixed(draws: MixDraws, take: Callable[[str], T | None]) -> Iterator[tuple[st
             draws.exhausted(name)
             continue
         yield name, item
-
-
-def replay_draws(
-    weights: Mapping[str, float], seed: int | str, available: Mapping[str, int], count: int
-) -> dict[str, int]:
-    """How many of the first ``count`` samples a mix took from each source.
-
-    The draws again (:func:`mixed`, on counts instead of samples), for a worker whose
-    sources held ``available`` samples each.
-
-    Raises:
-        ValueError: If the sources hold fewer than ``count`` samples.
-    """
-    left, taken = dict(available), dict.fromkeys(weights, 0)
-
-    def take(name: str) -> bool | None:
-        if not left.get(name):
-            return None
-        left[name] -= 1
-        return True
-
-    n = 0
-    for name, _ in mixed(MixDraws(weights, seed), take):
-        if n == count:
-            break
-        taken[name] += 1
-        n += 1
-    if n < count:
-        msg = f"a worker's sources hold {n} samples; its rank's state says it delivered {count}"
-        raise ValueError(msg)
-    return taken

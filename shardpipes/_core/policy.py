@@ -30,8 +30,6 @@ from shardpipes.errors import (
     UnsafeDataError,
 )
 
-__all__ = ["REASONS", "ErrorPolicy", "Stats", "as_policy", "reason"]
-
 REASONS = ("tar", "decode", "unsafe", "missing_field", "storage", "other")
 _COLUMNS = ("read", "dropped", "errors", "shards", "shards_failed", *REASONS, "runs", "ended")
 _COL = {name: i for i, name in enumerate(_COLUMNS)}

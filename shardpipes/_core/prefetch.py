@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Prefetch"]
+from shardpipes._core.stage import checked_int
 
 _END: Any = object()  # the producer's source ran out
 _FAILED: Any = object()  # the producer's source raised
@@ -47,9 +47,7 @@ class Prefetch:
         snapshot: Callable[[], Any],
         mark: tuple[int, Any],
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            msg = f"size must be a positive int (got {size!r})"
-            raise ValueError(msg)
+        checked_int(size, "size")
         self.items, self.size, self.snapshot = items, size, snapshot
         self.mark = mark
         self.delivered = 0

@@ -23,8 +23,6 @@ from typing import Any, Protocol
 from shardpipes._core.samples import Located, ShardSample
 from shardpipes._core.split import ShardPart
 
-__all__ = ["AHEAD", "PartReader", "PartsReading", "reference"]
-
 AHEAD = 2  #: parts the reader is told of ahead of reading them (to fetch their bytes early)
 
 

@@ -16,16 +16,6 @@ from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.tar import Member
 from shardpipes.errors import TarFormatError
 
-__all__ = [
-    "Located",
-    "PartFilter",
-    "SampleTuple",
-    "ShardSample",
-    "group_samples",
-    "placed_like",
-    "split_name",
-]
-
 Sample = dict[str, Any]
 
 

@@ -6,7 +6,7 @@ the pipeline owns the segment; DataLoader workers started by ``fork`` inherit th
 those started by ``spawn`` or ``forkserver`` attach to it by name when the pipe is
 unpickled. A copy unpickled in the process that made it (``copy.deepcopy``, a pickle
 round trip) gets a table of its own, with the same cells. Each worker writes only its
-own row, or takes :meth:`locked`. Where shared memory is unavailable the table is private
+own row. Where shared memory is unavailable the table is private
 to each process.
 """
 
@@ -16,16 +16,8 @@ import contextlib
 import os
 import sys
 import weakref
-from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
-
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = ["ROWS", "SharedTable"]
 
 ROWS = 1024  # DataLoader workers per process that a table can tell apart
 
@@ -52,25 +44,7 @@ class SharedTable:
         buf = shm.buf
         assert buf is not None  # an open segment
         self._view = buf.cast("q")
-        self._fd: int | None = getattr(shm, "_fd", None)
         weakref.finalize(self, _release, self._view, shm, owner)
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the table's lock (a POSIX record lock on the segment: one per process)."""
-        fd = getattr(self, "_fd", None)
-        if fd is None or fcntl is None:
-            yield
-            return
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-        except OSError:  # no record locks on this platform's shared memory
-            yield
-            return
-        try:
-            yield
-        finally:
-            fcntl.lockf(fd, fcntl.LOCK_UN)
 
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = {"width": self.width, "name": self._name, "pid": os.getpid()}

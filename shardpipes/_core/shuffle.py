@@ -17,8 +17,6 @@ from typing import Any
 
 from shardpipes._core.reading import reference
 
-__all__ = ["ShuffleBuffer", "buffer_seed_of", "pack", "unpack"]
-
 
 def pack(samples: Iterable[Any], holder: str) -> dict[str, Any]:
     """Samples as references in plain data: ``[shard, start, end, source]`` each.

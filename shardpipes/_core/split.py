@@ -45,23 +45,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = [
-    "ShardPart",
-    "SplitPlanner",
-    "assign",
-    "assign_even",
-    "block",
-    "check_worker",
-    "cut",
-    "global_worker",
-    "order_key",
-    "part_indices",
-    "part_samples",
-    "shard_order",
-    "share",
-    "split_plan",
-]
-
 
 class ShardPart(NamedTuple):
     """One unit of work: the samples of the shard at ``url`` that a worker reads.

@@ -6,8 +6,6 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_split_state", "digest"]
-
 
 def digest(urls: Sequence[str]) -> str:
     """A short digest of a shard list (a state names the list it was saved for by it)."""

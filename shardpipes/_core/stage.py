@@ -27,17 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
-__all__ = [
-    "Leaf",
-    "Stage",
-    "as_stage",
-    "install_adapter",
-    "loaded_state",
-    "no_length",
-    "on_items",
-    "state_of",
-]
-
 #: the torch layer's adapter: a foreign pipe -> a Stage view of it (or an error)
 _ADAPTER: Callable[[Any], Stage] | None = None
 
@@ -62,15 +51,21 @@ def as_stage(pipe: Any) -> Stage:
     return _ADAPTER(pipe)
 
 
-def state_of(pipe: Any) -> Any:
-    """The state of the pipeline that ends at ``pipe`` (see :class:`Stage`)."""
-    return as_stage(pipe).state()
-
-
 def no_length(pipe: Any, why: str = "") -> NoReturn:
     """Raise torch's standard error for a pipe whose length is not known (and why)."""
     msg = f"{type(pipe).__name__} instance doesn't have valid length"
     raise TypeError(f"{msg}: {why}" if why else msg)
+
+
+def checked_int(value: Any, name: str, minimum: int = 1, *, optional: bool = False) -> Any:
+    """``value`` if it is an int of at least ``minimum`` (or ``None``, when ``optional``)."""
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else "a non-negative int"
+        msg = f"{name} must be {kind}{' or None' if optional else ''} (got {value!r})"
+        raise ValueError(msg)
+    return value
 
 
 def is_rest(state: Any) -> bool:
@@ -187,7 +182,8 @@ class Stage:
     def reset(self, state: Any = None) -> None:
         """Set up the next iteration at ``state`` (``None``: the current epoch's start), now."""
         self._fresh = True
-        self.sources()[0].reset(state)
+        for source in self.sources():
+            source.reset(state)
 
     def next_pass(self) -> None:
         """Set up another pass over the source in this epoch (a new order: see ``pass``)."""
@@ -333,7 +329,10 @@ class Stage:
 
 
 class Leaf(Stage):
-    """A stage with no source (a list of shards): nothing to set up, no epoch of its own."""
+    """A stage with no source (a list of shards): nothing to set up, no epoch of its own.
+
+    What :class:`Stage` does over every source is nothing here; the rest is answered below.
+    """
 
     def sources(self) -> list[Stage]:
         return []
@@ -341,35 +340,12 @@ class Leaf(Stage):
     def state(self) -> Any:
         return {}
 
-    def reset(self, state: Any = None) -> None:
-        """Nothing to set up: the reading stage above counts what it took."""
-        self._fresh = True
-
-    def next_pass(self) -> None:
-        """Nothing to set up."""
-
     epoch = pass_ = 0
-
-    def set_epoch(self, epoch: int, *, given: bool = True) -> None:
-        """No epoch here."""
-
-    def begun(self) -> bool:
-        return False
-
-    def hand_out(self) -> None:
-        """No epoch here."""
-
-    def placement(self) -> tuple[int, int]:
-        return 1, 0
-
-    def place(self, placed: tuple[int, int] | None) -> None:
-        """Nothing here is split."""
 
     def split_seed(self) -> int | None:
         return None
 
-    even = endless = split = takes_epoch = False
-    exact = True
+    even = split = False
     yields: str | None = "shards"
 
     def listed_options(self) -> dict[str, Any]:
@@ -380,12 +356,3 @@ class Leaf(Stage):
 
     def want(self, fields: frozenset[str] | None) -> None:
         """Nothing to decode here."""
-
-    def defer_check(self) -> None:
-        """Nothing to check."""
-
-    def checked(self) -> None:
-        """Nothing to check."""
-
-    def policies(self) -> dict[int, Any]:
-        return {}

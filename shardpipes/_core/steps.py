@@ -9,25 +9,13 @@ stage runs the same steps composed in one function (:class:`Finisher`) through t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shardpipes._core.decoders import Decoding
-from shardpipes._core.fields import Alternatives, pick_tuple
+from shardpipes._core.fields import Alternatives
 from shardpipes._core.handlers import Handler, handle
 from shardpipes.errors import DecodeError, MissingFieldError
-
-__all__ = [
-    "SKIPPED",
-    "Finisher",
-    "InFlight",
-    "batches",
-    "guard",
-    "guarded",
-    "threaded",
-    "wanted",
-]
 
 SKIPPED: Any = object()  # what a guarded step gives for a sample the handler skipped
 
@@ -35,34 +23,6 @@ SKIPPED: Any = object()  # what a guarded step gives for a sample the handler sk
 def wanted(fields: Alternatives) -> frozenset[str]:
     """Every name the fields may take: the only ones worth decoding before picking them."""
     return frozenset(name for names in fields for name in names)
-
-
-class Finisher:
-    """Decode, pick and transform one sample: the steps of ``decode`` → ``to_tuple`` → map.
-
-    Args:
-        decoding: The decoders.
-        fields: Fields to pick (from ``parse_fields``); empty: keep the decoded dict.
-        transform: Applied to the first picked field (or to the dict), if given.
-    """
-
-    def __init__(
-        self,
-        decoding: Decoding,
-        fields: Alternatives,
-        transform: Callable[[Any], Any] | None = None,
-    ) -> None:
-        self.decoding, self.fields, self.transform = decoding, fields, transform
-        self.only = wanted(fields) if fields else None
-
-    def __call__(self, sample: Mapping[str, Any]) -> Any:
-        decoded = self.decoding.sample(sample, self.only)
-        if not self.fields:
-            return decoded if self.transform is None else self.transform(decoded)
-        out = pick_tuple(decoded, self.fields)
-        if self.transform is None:
-            return out
-        return type(out)((self.transform(out[0]), *out[1:]))
 
 
 def skip_or_raise(handler: Handler, exc: DecodeError | MissingFieldError) -> None:
@@ -124,21 +84,3 @@ def threaded(
                 if out is not SKIPPED:
                     yield out
             flight.chunk = []
-
-
-def batches(
-    items: Iterable[Any],
-    size: int,
-    collate: Callable[[Sequence[Any]], Any],
-    *,
-    drop_last: bool = False,
-) -> Iterator[Any]:
-    """``collate`` of each ``size`` items in turn (the last one shorter unless ``drop_last``)."""
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield collate(batch)
-            batch = []
-    if batch and not drop_last:
-        yield collate(batch)

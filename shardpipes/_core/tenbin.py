@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy
 
-__all__ = ["decode_tenbin", "encode_tenbin"]
-
 MAGIC = b"~TenBin~"
 MAX_DIMS = 9  # webdataset's writer refuses 10 or more
 _CODES = {

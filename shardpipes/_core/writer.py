@@ -23,16 +23,6 @@ from typing import IO, Any, NamedTuple
 
 from shardpipes._core.index import dump_index
 
-__all__ = [
-    "ShardInfo",
-    "TarShardWriter",
-    "check_key",
-    "check_pattern",
-    "encode_sample",
-    "parse_size",
-    "pattern_parts",
-]
-
 BLOCK = 512
 _TRAILER = bytes(2 * BLOCK)
 _FIELD = re.compile(r"%(%|[-+ #0]*\d*(?:\.\d+)?([a-zA-Z]))")

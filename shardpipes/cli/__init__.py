@@ -25,8 +25,6 @@ from shardpipes.cli.common import UsageError, counted
 from shardpipes.cli.write import write_command
 from shardpipes.errors import DecodeError, ShardpipesError
 
-__all__ = ["main"]
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:

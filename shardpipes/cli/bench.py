@@ -43,13 +43,6 @@ from shardpipes.pipes.shards import ShardLister
 from shardpipes.pipes.split import ShardSplitter
 from shardpipes.pipes.tar import TarOpener
 
-__all__ = [
-    "STAGES",
-    "CollateError",
-    "collate_ragged",
-    "run_bench",
-]
-
 STAGES = ("read", "tar", "decode", "batch")
 _CHUNK = 1 << 20
 _BLOCK = 512

@@ -8,8 +8,6 @@ from typing import Any
 
 from shardpipes._core.policy import Stats
 
-__all__ = ["StageResult", "costs", "format_table", "slowest", "to_json"]
-
 
 @dataclass(frozen=True)
 class StageResult:

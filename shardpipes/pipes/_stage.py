@@ -19,18 +19,6 @@ from shardpipes._core.policy import Stats
 from shardpipes._core.stage import Stage, as_stage
 from shardpipes.pipes import _torch  # noqa: F401 - installs the adapter of torch's pipes
 
-__all__ = [
-    "READ_IN_WORKERS",
-    "VERSION",
-    "Functions",
-    "Pipe",
-    "envelope",
-    "functional_form",
-    "pipeline_state",
-    "reads_ours",
-    "stats_of",
-]
-
 VERSION = 2  #: of the state's envelope
 
 #: pipes a live DataLoader of this process reads in worker processes: the loader and its

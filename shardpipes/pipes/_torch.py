@@ -31,8 +31,6 @@ from torch.utils.data.datapipes.iter import (
 
 from shardpipes._core.stage import Leaf, Stage, as_stage, install_adapter, no_length
 
-__all__ = ["adapt", "check_process_group", "distributed", "worker_placement"]
-
 
 def distributed() -> tuple[int, int]:
     """``(world size, rank)`` of ``torch.distributed``, or ``(1, 0)`` when not initialized."""
@@ -93,6 +91,9 @@ class _View(Stage):
     def __iter__(self) -> Iterator[Any]:
         return iter(self.pipe)
 
+    def references(self) -> Iterator[Any]:
+        return self.sources()[0].references()
+
     def want(self, fields: frozenset[str] | None) -> None:
         """A function of torch's may use any field: nothing below is told to drop any."""
 
@@ -108,9 +109,6 @@ class _OneForOne(_View):
         # collated batches: of tuples, tuples again; of dicts, dicts of batched fields
         return "tuples" if below.sources()[0].yields == "tuples" else "collated"
 
-    def references(self) -> Iterator[Any]:
-        return self.sources()[0].references()
-
     def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
         items = self.sources()[0].fetch(refs)
         apply = getattr(self.pipe, "_apply_fn", None)
@@ -122,17 +120,11 @@ class _Filtering(_View):
 
     exact = False
 
-    def references(self) -> Iterator[Any]:
-        return self.sources()[0].references()
-
     def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
         return filter(self.pipe._apply_filter_fn, self.sources()[0].fetch(refs))
 
     def length(self, total: int, worker: int | None) -> int:
         no_length(self.pipe, "shardpipes cannot count what a filter keeps before reading")
-
-    def regroup(self, refs: Iterable[Any]) -> Iterator[Any]:
-        return self.sources()[0].regroup(refs)
 
 
 class _Batching(_View):

@@ -8,9 +8,8 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from typing_extensions import override
 
-from shardpipes._core.stage import loaded_state, no_length, on_items
+from shardpipes._core.stage import checked_int, loaded_state, no_length, on_items
 from shardpipes.pipes._stage import Pipe, functional_form
-from shardpipes.pipes.limit import positive
 
 __all__ = ["EpochCycler"]
 
@@ -43,7 +42,7 @@ class EpochCycler(Pipe):
     def __init__(self, source_datapipe: IterDataPipe[Any], count: int | None = None) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
-        self.count = positive(count, "count", optional=True)
+        self.count: int | None = checked_int(count, "count", optional=True)
         self._pass = 0
         self._resumed = False  # the first pass is a loaded one: it may have nothing left
 

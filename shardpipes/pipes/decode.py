@@ -19,6 +19,7 @@ from shardpipes._core.decoders import Decoder, Decoding, check_allow_pickle, def
 from shardpipes._core.handlers import Handler, check_handler
 from shardpipes._core.images import check_image_mode
 from shardpipes._core.reading import reference
+from shardpipes._core.stage import checked_int
 from shardpipes._core.steps import InFlight, guard, guarded, threaded
 from shardpipes.errors import UnsafeDataError
 from shardpipes.pipes._stage import Pipe, functional_form
@@ -59,9 +60,7 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         check_image_mode(self.image)
         check_allow_pickle(self.allow_pickle)
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
-            msg = f"threads must be a non-negative int (got {self.threads!r})"
-            raise ValueError(msg)
+        checked_int(self.threads, "threads", 0)
         decoder_table(self.image, resize=self.resize, crop=self.crop, overrides=self.decoders)
 
     def decoding(self) -> Decoding:

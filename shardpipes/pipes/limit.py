@@ -9,21 +9,10 @@ from torch.utils.data import IterDataPipe
 from typing_extensions import override
 
 from shardpipes._core.split import share
-from shardpipes._core.stage import loaded_state, on_items
+from shardpipes._core.stage import checked_int, loaded_state, on_items
 from shardpipes.pipes._stage import Pipe, functional_form
 
-__all__ = ["SampleLimiter", "positive"]
-
-
-def positive(value: Any, name: str, *, optional: bool = False) -> int | None:
-    """``value``, checked to be a positive int (or ``None`` when ``optional``)."""
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        allowed = "a positive int or None" if optional else "a positive int"
-        msg = f"{name} must be {allowed} (got {value!r})"
-        raise ValueError(msg)
-    return value
+__all__ = ["SampleLimiter"]
 
 
 @functional_form("limit_samples")
@@ -50,7 +39,7 @@ class SampleLimiter(Pipe):
     def __init__(self, source_datapipe: IterDataPipe[Any], n: int) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
-        self.n: int = positive(n, "n")  # type: ignore[assignment]
+        self.n: int = checked_int(n, "n")
         self._given = 0
 
     def quota(self, total: int, worker: int) -> int:

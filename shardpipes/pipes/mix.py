@@ -18,7 +18,7 @@ from typing_extensions import override
 from shardpipes._core.clock import Clocked, EpochClock
 from shardpipes._core.mixing import MixDraws, check_weights, mixed
 from shardpipes._core.split import share
-from shardpipes._core.stage import Stage, as_stage, loaded_state, no_length
+from shardpipes._core.stage import Stage, as_stage, checked_int, loaded_state, no_length
 from shardpipes.pipes._stage import Pipe
 from shardpipes.pipes._torch import require_pipeline
 from shardpipes.pipes.fields import takes_samples
@@ -78,11 +78,7 @@ class Mixer(Clocked, Pipe):
         if epoch_size is not None and resample:
             msg = "give epoch_size= (an epoch of that many) or resample=True (endless), not both"
             raise ValueError(msg)
-        if epoch_size is not None and (
-            isinstance(epoch_size, bool) or not isinstance(epoch_size, int) or epoch_size < 1
-        ):
-            msg = f"epoch_size must be a positive int or None (got {epoch_size!r})"
-            raise ValueError(msg)
+        checked_int(epoch_size, "epoch_size", optional=True)
         if not isinstance(sources, Mapping):
             msg = f"mix takes a dict of name -> pipe (got {type(sources).__name__})"
             raise TypeError(msg)

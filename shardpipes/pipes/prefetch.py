@@ -10,9 +10,8 @@ from torch.utils.data import IterDataPipe
 from typing_extensions import override
 
 from shardpipes._core.prefetch import Prefetch
-from shardpipes._core.stage import loaded_state, on_items
+from shardpipes._core.stage import checked_int, loaded_state, on_items
 from shardpipes.pipes._stage import Pipe, functional_form
-from shardpipes.pipes.limit import positive
 
 __all__ = ["ItemPrefetcher"]
 
@@ -42,7 +41,7 @@ class ItemPrefetcher(Pipe):
     def __init__(self, source_datapipe: IterDataPipe[Any], size: int = 2) -> None:
         super().__init__()
         self.source_datapipe = source_datapipe
-        self.size: int = positive(size, "size")  # type: ignore[assignment]
+        self.size: int = checked_int(size, "size")
         self._run: Prefetch | None = None
         self._skip = 0  # items a resumed run drops before its first one
         self._loaded: Any = None  # the source's state the next run starts from

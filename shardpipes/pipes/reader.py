@@ -14,6 +14,7 @@ from shardpipes._core.handlers import Handler, handle
 from shardpipes._core.policy import as_policy
 from shardpipes._core.samples import PartFilter, Sample, group_samples
 from shardpipes._core.split import ShardPart, part_samples
+from shardpipes._core.stage import checked_int
 from shardpipes._core.tar import MAX_MEMBER_BYTES, Member, iter_members
 from shardpipes._core.writer import size_option
 from shardpipes.errors import ShardIndexError, ShardpipesError, TarFormatError, TooManyErrorsError
@@ -70,10 +71,7 @@ class ReadOptions:
     io_concurrency: int = IO_CONCURRENCY
 
     def __post_init__(self) -> None:
-        size = self.max_member_bytes
-        if isinstance(size, bool) or not (isinstance(size, int) and size >= 0):
-            msg = f"max_member_bytes must be a non-negative int (got {size!r})"
-            raise ValueError(msg)
+        checked_int(self.max_member_bytes, "max_member_bytes", 0)
         RetryPolicy(retries=self.retries)  # checks it
         _cache(self.cache_dir, self.cache_size)
         size_option("readahead", self.readahead, 0, "64MiB")

@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from shardpipes._core.samples import Sample
 from shardpipes._core.shuffle import ShuffleBuffer, buffer_seed_of
-from shardpipes._core.stage import loaded_state
+from shardpipes._core.stage import checked_int, loaded_state
 from shardpipes.pipes._stage import Pipe, functional_form
 
 __all__ = ["SampleShuffler"]
@@ -55,9 +55,7 @@ class SampleShuffler(Pipe):
         *,
         seed: int | None = None,
     ) -> None:
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 0:
-            msg = f"buffer_size must be a non-negative int (got {buffer_size!r})"
-            raise ValueError(msg)
+        checked_int(buffer_size, "buffer_size", 0)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             msg = f"seed must be an int or None (got {seed!r})"
             raise TypeError(msg)

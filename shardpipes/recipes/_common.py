@@ -9,6 +9,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes._core.policy import as_policy
+from shardpipes._core.stage import checked_int
 from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes.collate import collate_samples
 from shardpipes.pipes.decode import DecodeOptions, SampleDecoder
@@ -19,8 +20,6 @@ from shardpipes.pipes.resumable import Resumable
 from shardpipes.pipes.shards import ShardLister
 from shardpipes.pipes.shuffle import SampleShuffler
 from shardpipes.pipes.tar import TarOpener
-
-__all__ = ["IMAGE_FIELDS", "LABEL_FIELDS", "Options", "chain", "lister", "mixed"]
 
 IMAGE_FIELDS = "jpg;jpeg;png;webp;bmp;ppm;pgm;pbm;pnm;gif;tif;tiff"
 LABEL_FIELDS = "cls;cls2;label;index"
@@ -84,11 +83,7 @@ def finish(
     drop_last: bool,
 ) -> Resumable:
     """The recipe's end: its transform, batches (torch's ``batch`` + ``collate``), a root."""
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        msg = f"batch_size must be a positive int or None (got {batch_size!r})"
-        raise ValueError(msg)
+    checked_int(batch_size, "batch_size", optional=True)
     if transform is not None:
         pipe = pipe.map(_First(transform, tuples=bool(fields)))
     if batch_size is not None:
