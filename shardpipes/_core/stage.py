@@ -293,6 +293,15 @@ class Stage:
         """Only ``fields`` of each sample are kept downstream (a decoder decodes only those)."""
         self.sources()[0].want(fields)
 
+    def check_loaded(self) -> None:
+        """Check a loaded state against the pipe now: this epoch will not read it here.
+
+        A stage whose epoch is over when it starts (a limit at its count) leaves its source
+        unread, and so unchecked: it calls this instead.
+        """
+        for source in self.sources():
+            source.check_loaded()
+
     def defer_check(self) -> None:
         """Let the shard list's existence check run while the first shard is read."""
         for source in self.sources():

@@ -80,8 +80,9 @@ class SampleLimiter(Pipe):
 
     def _limited(self, items: Iterator[Any]) -> Iterator[Any]:
         quota = self.quota(*self.sources()[0].placement())
-        if self._given >= quota:
-            return  # its epoch is over; the source stays unread
+        if self._given >= quota:  # its epoch is over: the source stays unread
+            self.sources()[0].check_loaded()
+            return
         try:
             for item in items:
                 self._given += 1

@@ -219,17 +219,29 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
     # -- iteration ----------------------------------------------------------------------------
 
     def _iterate(self) -> Iterator[ShardPart]:
+        urls, total, worker = self._planned()
+        self.clock.start()
+        yield from self._parts(urls, total, worker)
+
+    def _planned(self) -> tuple[list[str], int, int]:
+        """The shard list and placement of this iteration, a loaded state checked on them."""
         # iter(): list() would ask the lister's len() first, listing (and checking) twice
         urls = list(iter(self.source_datapipe))
         total, worker = self.placement()
         check_process_group(total)
-        self.clock.start()
         used = self._plan_of(urls, total, worker)
         loaded, self._loaded = self._loaded, None
         if loaded is not None:
             check_split_state(loaded, used, fixed_seed=self.seed)
         self._used = used
-        yield from self._parts(urls, total, worker)
+        return urls, total, worker
+
+    def check_loaded(self) -> None:
+        """Check a loaded state on the shard list and placement (one listing)."""
+        if self._loaded is not None:
+            loaded = self._loaded
+            self._planned()
+            self._loaded = loaded
 
     def _plan_of(self, urls: list[str], total: int, worker: int) -> dict[str, Any]:
         used = {

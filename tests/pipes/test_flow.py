@@ -481,6 +481,37 @@ def test_a_state_of_another_n_or_count_is_refused(data: Dataset) -> None:
         sp.Resumable(chain(data).cycle_epochs(3)).load_state_dict(saved)
 
 
+def test_a_state_at_its_limit_is_still_checked_against_the_shards(data: Dataset) -> None:
+    """A state saved where limit_samples' count ended the epoch reads nothing, yet is checked."""
+    first = sp.Resumable(chain(data).limit_samples(6))
+    items = iter(first)
+    for _ in range(6):
+        next(items)
+    saved = first.state_dict()  # at the count: the rest of the epoch is empty
+    again = sp.Resumable(chain(data).limit_samples(6))
+    again.load_state_dict(saved)
+    assert list(again) == []
+    fewer = sp.Resumable(chain(Dataset(urls=data.urls[:4])).limit_samples(6))
+    fewer.load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"saved for another shard list \(5 shards"):
+        list(fewer)
+
+
+@slow
+def test_a_state_at_its_limit_is_checked_in_the_loaders_workers(data: Dataset) -> None:
+    """The same through a StatefulDataLoader with 2 workers, each at its share of the count."""
+    first = StatefulDataLoader(chain(data).limit_samples(6), batch_size=None, num_workers=2)
+    items = iter(first)
+    for _ in range(6):
+        next(items)
+    saved = first.state_dict()
+    fewer = chain(Dataset(urls=data.urls[:4])).limit_samples(6)
+    second = StatefulDataLoader(fewer, batch_size=None, num_workers=2)
+    second.load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"saved for another shard list \(5 shards"):
+        list(second)
+
+
 @slow
 def test_the_pipes_own_state_beside_a_loader_with_workers_is_refused(data: Dataset) -> None:
     """Its workers read it: the main process's copy would resume the epoch from its start."""
