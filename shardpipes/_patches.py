@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import warnings
 import weakref
@@ -49,12 +50,7 @@ def version(package: str) -> tuple[int, ...]:
         text = metadata.version(package)
     except metadata.PackageNotFoundError:
         return ()
-    numbers = []
-    for part in text.split("+")[0].split("."):
-        if not part.isdigit():
-            break
-        numbers.append(int(part))
-    return tuple(numbers)
+    return tuple(map(int, itertools.takewhile(str.isdigit, text.split("+")[0].split("."))))
 
 
 class LoaderPipe(_IterDataPipeSerializationWrapper):

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import IO, Any, cast
 
+from typing_extensions import Self
+
 from shardpipes import fs
 from shardpipes._core.encoders import encode_value
 from shardpipes._core.stage import checked_int
@@ -68,8 +70,17 @@ def encode(sample: Mapping[str, Any]) -> dict[str, Any]:
 class _Writer:
     """What both writers share: encoding, the tar writer, and leaving nothing half-written."""
 
-    def __init__(self, writer: TarShardWriter) -> None:
-        self._writer = writer
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None, index: bool, **limits: Any
+    ) -> None:
+        options = dict(storage_options or {})
+        self._writer = TarShardWriter(
+            url,
+            opener=_output(options),
+            remove=lambda url: fs.remove_file(url, options),
+            index=index and not url.endswith(_GZIP),
+            **limits,
+        )
 
     def write(self, sample: Mapping[str, Any]) -> None:
         """Encode ``sample`` by its extensions and append it.
@@ -97,7 +108,7 @@ class _Writer:
         """Finish the archive being written; every archive written."""
         return self._writer.close()
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -150,26 +161,20 @@ class ShardWriter(_Writer):
         storage_options: Mapping[str, Any] | None = None,
         index: bool = True,
     ) -> None:
-        options = dict(storage_options or {})
-        writer = TarShardWriter(
+        super().__init__(
             pattern,
-            opener=_output(options),
+            storage_options,
+            index,
             max_samples=_positive("maxcount", maxcount),
             max_bytes=(
                 size_option("maxsize", maxsize, 1, "256MB")
                 if isinstance(maxsize, str)
                 else _positive("maxsize", maxsize)
             ),
-            remove=lambda url: fs.remove_file(url, options),
-            index=index and not pattern.endswith(_GZIP),
         )
         checked_int(start_shard, "start_shard", 0)
-        writer.first = start_shard
-        writer.post = functools.partial(_finished, post, verbose)
-        super().__init__(writer)
-
-    def __enter__(self) -> ShardWriter:
-        return self
+        self._writer.first = start_shard
+        self._writer.post = functools.partial(_finished, post, verbose)
 
 
 class TarWriter(_Writer):
@@ -194,19 +199,7 @@ class TarWriter(_Writer):
         if not isinstance(url, str):
             msg = f"url must be a string (got {type(url).__name__})"
             raise TypeError(msg)
-        options = dict(storage_options or {})
-        super().__init__(
-            TarShardWriter(
-                url,
-                opener=_output(options),
-                remove=lambda url: fs.remove_file(url, options),
-                single=True,
-                index=index and not url.endswith(_GZIP),
-            )
-        )
-
-    def __enter__(self) -> TarWriter:
-        return self
+        super().__init__(url, storage_options, index, single=True)
 
 
 def _finished(post: Callable[[str], object] | None, verbose: int, shard: ShardInfo) -> None:

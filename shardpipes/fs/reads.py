@@ -138,19 +138,16 @@ def fetch_range(filesystem: Any, url: str, path: str, start: int, end: int) -> b
     Raises:
         StorageError: If the server answered with more than the range (it ignores ranges).
     """
-    if isinstance(filesystem, Presigned):
-        try:
+    try:
+        if isinstance(filesystem, Presigned):
             got = filesystem.call(path, lambda http, signed: http.get_range(signed, start, end))
-        except RangeIgnoredError:
-            raise _no_ranges(url) from None
-        if got is not None:
-            return got
-        filesystem = filesystem.fs
-    if isinstance(filesystem, HttpClient):
-        try:
+            if got is not None:
+                return got
+            filesystem = filesystem.fs
+        if isinstance(filesystem, HttpClient):
             return filesystem.get_range(path, start, end)
-        except RangeIgnoredError:
-            raise _no_ranges(url) from None
+    except RangeIgnoredError:
+        raise _no_ranges(url) from None
     if "http" in _protocols(filesystem):
         return _http_range(filesystem, path, start, end)
     data = filesystem.cat_file(path, start=start, end=end)

@@ -144,14 +144,11 @@ class _Batching(_View):
     def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
         return self._batches(self.sources()[0].fetch(refs))
 
-    def _count(self, n: int) -> int:
-        size = int(self.pipe.batch_size)
-        return n // size if self.pipe.drop_last else math.ceil(n / size)
-
     def length(self, total: int, worker: int | None) -> int:
         if worker is None:  # each worker batches its own items
             return sum(self.length(total, w) for w in range(total))
-        return self._count(self.sources()[0].length(total, worker))
+        n, size = self.sources()[0].length(total, worker), int(self.pipe.batch_size)
+        return n // size if self.pipe.drop_last else math.ceil(n / size)
 
     def regroup(self, refs: Iterable[Any]) -> Iterator[Any]:
         return self._batches(self.sources()[0].regroup(refs))

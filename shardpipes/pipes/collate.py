@@ -58,7 +58,14 @@ def _rebuild(cls: type[Any], items: Any) -> Any:
     return cls(_unpack(value) for value in items)
 
 
-class Batch(list[Any]):
+class _Copied:
+    """A shallow copy of a batch is a batch of the same type."""
+
+    def __copy__(self) -> Any:
+        return type(self)(self)  # type: ignore[call-arg]
+
+
+class Batch(_Copied, list[Any]):
     """A batch of fields (from tuple samples), as returned by :func:`collate_samples`.
 
     A ``list`` — what a ``DataLoader`` hands over for a tuple anyway — that crosses from a
@@ -69,11 +76,8 @@ class Batch(list[Any]):
     def __reduce_ex__(self, protocol: object) -> tuple[Any, ...]:
         return _rebuild, (type(self), [_pack(value) for value in self])
 
-    def __copy__(self) -> Batch:
-        return type(self)(self)
 
-
-class BatchDict(dict[str, Any]):
+class BatchDict(_Copied, dict[str, Any]):
     """A batch of fields (from dict samples), as returned by :func:`collate_samples`.
 
     A ``dict`` that crosses between processes as :class:`Batch` does.
@@ -81,9 +85,6 @@ class BatchDict(dict[str, Any]):
 
     def __reduce_ex__(self, protocol: object) -> tuple[Any, ...]:
         return _rebuild, (type(self), [(key, _pack(value)) for key, value in self.items()])
-
-    def __copy__(self) -> BatchDict:
-        return type(self)(self)
 
 
 def collate_samples(batch: Sequence[Any]) -> Any:
@@ -134,7 +135,12 @@ def collate_samples(batch: Sequence[Any]) -> Any:
         )
     if isinstance(first, (tuple, list)):
         for sample in batch:
-            _check_same(len(first), len(sample), "lengths")
+            if len(sample) != len(first):
+                msg = (
+                    "samples of one batch must have the same lengths "
+                    f"(got {len(first)} and {len(sample)})"
+                )
+                raise ValueError(msg)
         return Batch(
             _collate_field(i, list(column)) for i, column in enumerate(zip(*batch, strict=True))
         )
@@ -146,15 +152,7 @@ def _other_fields(expected: list[str], got: list[str]) -> str:
     msg = f"samples of one batch must have the same fields (got {expected} and {got})"
     lacking = [name for name in expected if name not in got]
     hint = either(lacking, got) if lacking else ""
-    if hint:
-        return msg + hint + " before .batch()"
-    return msg
-
-
-def _check_same(expected: object, got: object, what: str) -> None:
-    if got != expected:
-        msg = f"samples of one batch must have the same {what} (got {expected} and {got})"
-        raise ValueError(msg)
+    return msg + hint + " before .batch()" if hint else msg
 
 
 def _collate_field(field: str | int, values: list[Any]) -> Any:

@@ -24,7 +24,7 @@ from shardpipes._core.shuffle import unpack
 from shardpipes._core.stage import Stage, as_stage, is_rest
 from shardpipes.pipes._stage import pipeline_state
 from shardpipes.pipes._torch import require_pipeline
-from shardpipes.pipes.resumable import Resumable, deal, flatten
+from shardpipes.pipes.resumable import Resumable, deal, flatten, undelivered
 
 __all__ = ["resume_from"]
 
@@ -99,9 +99,8 @@ def _rests(root: Stage, workers: dict[int, dict[str, Any]]) -> list[Any]:
     """What every canonical worker had left, in worker order, as references."""
     first = next(iter(workers.values()))
     total, epoch = first["workers"], first["epoch"]
-    missing = [w for w in range(total) if w not in workers]
     delivered: dict[int, int] = {}
-    if missing:
+    if len(workers) < total:
         for w, saved in workers.items():  # (a state this pipe cannot take is refused here)
             full = _count(_replay(root, (total, w), saved["pipeline"], start=epoch))
             left = _count(_replay(root, (total, w), saved["pipeline"]))
@@ -125,26 +124,17 @@ def _rest_of_rests(
     """What a resumed epoch had left: each worker's share, less the items it delivered.
 
     ``done`` counts items (batches after ``batch``): ``root`` regroups the share into them.
+    A worker whose state is not given delivered as many as its peer on this rank.
     """
     total = first["workers"]
     rest = first["pipeline"]["rest"]
+    if len(workers) < total and not rest["even"]:
+        raise ValueError(_missing(total - len(workers), total))
     refs = unpack(rest)
-    missing = [w for w in range(total) if w not in workers]
-    if missing and not rest["even"]:
-        msg = _missing(len(missing), total)
-        raise ValueError(msg)
-    done_by_id: dict[int, int] = {}
-    for w, saved in workers.items():
-        done_by_id[w % _per_rank(workers, total)] = saved["pipeline"]["done"]
     out: list[Any] = []
     for w in range(total):
-        done = (
-            workers[w]["pipeline"]["done"]
-            if w in workers
-            else done_by_id[_local(w, workers, total)]
-        )
-        share = deal(refs, total, w, even=rest["even"])
-        out += share[len(flatten(itertools.islice(root.regroup(share), done))) :]
+        given = workers[w] if w in workers else workers[_peer(w, workers, total)]
+        out += undelivered(root, deal(refs, total, w, even=rest["even"]), given["pipeline"]["done"])
     return out
 
 

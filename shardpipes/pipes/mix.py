@@ -221,11 +221,8 @@ class Mixer(Clocked, Pipe):
         streams: dict[str, Iterator[Any]] = {}  # a source is begun when first drawn
         try:
             pairs = mixed(draws, lambda name: self._next(streams, name, opened))
-            while quota is None or self._yielded < quota:  # quota checked before a draw
-                found = next(pairs, None)
-                if found is None:
-                    break
-                name, sample = found
+            left = None if quota is None else max(quota - self._yielded, 0)
+            for name, sample in itertools.islice(pairs, left):  # no draw past the quota
                 if not isinstance(sample, dict):
                     msg = (
                         f"mix takes sample dicts; source {name!r} gave a "
@@ -244,9 +241,7 @@ class Mixer(Clocked, Pipe):
                 raise ValueError(msg)
         finally:
             for stream in streams.values():
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
+                getattr(stream, "close", lambda: None)()
 
     def _next(
         self, streams: dict[str, Iterator[Any]], name: str, opened: Callable[[str], Iterator[Any]]

@@ -21,7 +21,7 @@ from shardpipes._core.stage import is_rest
 from shardpipes.pipes._stage import Pipe
 from shardpipes.pipes._torch import require_pipeline
 
-__all__ = ["Resumable", "deal", "flatten"]
+__all__ = ["Resumable", "deal", "flatten", "undelivered"]
 
 T = TypeVar("T")
 
@@ -134,10 +134,7 @@ class Resumable(Pipe):
     def _rest_items(self) -> Iterator[Any]:
         self._running = True
         source = self.sources()[0]
-        share = self._share(*self.placement())
-        delivered = itertools.islice(source.regroup(share), self._done)
-        skipped = len(flatten(delivered))
-        for item in source.fetch(share[skipped:]):
+        for item in source.fetch(undelivered(source, self._share(*self.placement()), self._done)):
             self._done += 1
             yield item
 
@@ -165,6 +162,11 @@ def flatten(items: Iterable[Any]) -> list[Any]:
         elif isinstance(item, list | tuple):
             out += flatten(item)
     return out
+
+
+def undelivered(stage: Any, share: Sequence[Any], done: int) -> Sequence[Any]:
+    """The references of ``share`` left after the first ``done`` items ``stage`` makes of it."""
+    return share[len(flatten(itertools.islice(stage.regroup(share), done))) :]
 
 
 def deal(refs: Sequence[Any], total: int, worker: int, *, even: bool) -> Sequence[Any]:

@@ -229,7 +229,12 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
         urls = list(iter(self.source_datapipe))
         total, worker = self.placement()
         check_process_group(total)
-        used = self._plan_of(urls, total, worker)
+        used = {
+            "shards": len(urls), "digest": digest(urls), "workers": total, "worker": worker,
+            "even": self.even, "shuffle": self.shuffle_shards, "seeded": self.seed is not None,
+        }  # fmt: skip
+        if self._blocks():
+            used["blocks"] = self.block_shuffle
         loaded, self._loaded = self._loaded, None
         if loaded is not None:
             check_split_state(loaded, used, fixed_seed=self.seed)
@@ -243,47 +248,44 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
             self._planned()
             self._loaded = loaded
 
-    def _plan_of(self, urls: list[str], total: int, worker: int) -> dict[str, Any]:
-        used = {
-            "shards": len(urls), "digest": digest(urls), "workers": total, "worker": worker,
-            "even": self.even, "shuffle": self.shuffle_shards, "seeded": self.seed is not None,
-        }  # fmt: skip
-        if self._blocks(self.shuffle_shards):
-            used["blocks"] = self.block_shuffle
-        return used
-
     def _parts(self, urls: list[str], total: int, worker: int) -> list[ShardPart]:
         """Worker ``worker`` of ``total``'s parts of the current epoch and pass.
 
         With their byte spans where the split counted the samples.
         """
-        shuffle, size = self.shuffle_shards, self._blocks(self.shuffle_shards)
+        shuffle, size = self.shuffle_shards, self._blocks()
         seed, epoch, pass_ = self.order_seed(), self.clock.epoch, self.clock.pass_
-        counts = [self._count(url) for url in urls] if self.even or size else None
+        counts = [len(self.shard_ranges(url)[0]) for url in urls] if self.even or size else None
         if size:
             assert counts is not None
-            self._check_ranged(urls)
+            compressed = next((url for url in urls if self.shard_ranges(url)[1]), None)
+            if compressed is not None:
+                msg = (
+                    f"{compressed}: block_shuffle reads blocks by byte range, which a "
+                    "compressed shard cannot give: use uncompressed .tar shards, or "
+                    "block_shuffle=None"
+                )
+                raise ValueError(msg)
             parts = split_blocks(
                 urls, counts, size, seed=seed, epoch=epoch, total=total, worker=worker,
                 even=self.even, pass_=pass_,
             )  # fmt: skip
-            return [self._span(part) for part in parts]
-        # one planner per shard list, seed, epoch and pass: its order is computed once for
-        # every worker asked (a loader's len(), resume_from's replays)
-        key = (shuffle, seed, epoch, pass_, self.even)
-        cached = _PLANNERS.get(self)
-        if cached is None or cached[0] is not urls or cached[1] != key:
-            planner = SplitPlanner(
-                urls, shuffle=shuffle, seed=seed, epoch=epoch, pass_=pass_,
-                counts=counts if self.even else None,
-            )  # fmt: skip
-            cached = _PLANNERS[self] = (urls, key, planner)
-        parts = cached[2].plan(1, 0, total, worker)
-        return [self._span(part) for part in parts] if self.even else parts
+        else:
+            # one planner per shard list, seed, epoch and pass: its order is computed once
+            # for every worker asked (a loader's len(), resume_from's replays)
+            key = (shuffle, seed, epoch, pass_, self.even)
+            cached = _PLANNERS.get(self)
+            if cached is None or cached[0] is not urls or cached[1] != key:
+                planner = SplitPlanner(
+                    urls, shuffle=shuffle, seed=seed, epoch=epoch, pass_=pass_, counts=counts
+                )
+                cached = _PLANNERS[self] = (urls, key, planner)
+            parts = cached[2].plan(1, 0, total, worker)
+        return [self._span(part) for part in parts]  # (a streamed part has no stop)
 
-    def _blocks(self, shuffle: bool) -> int:
+    def _blocks(self) -> int:
         """The block size of the block split (0: not split by block)."""
-        return self.block_shuffle if self.block_shuffle is not None and shuffle else 0
+        return self.block_shuffle if self.block_shuffle is not None and self.shuffle_shards else 0
 
     # -- lengths and sample ranges ----------------------------------------------------------
 
@@ -359,18 +361,6 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
         if found is None:
             found = self._ranges[url] = shard_ranges(url, self.storage_options, self.index.get(url))
         return found
-
-    def _count(self, url: str) -> int:
-        return len(self.shard_ranges(url)[0])
-
-    def _check_ranged(self, urls: list[str]) -> None:
-        for url in urls:
-            if self.shard_ranges(url)[1]:
-                msg = (
-                    f"{url}: block_shuffle reads blocks by byte range, which a compressed "
-                    "shard cannot give: use uncompressed .tar shards, or block_shuffle=None"
-                )
-                raise ValueError(msg)
 
     def _span(self, part: ShardPart) -> ShardPart:
         """``part`` with the byte span of its samples, where it is a range of a plain tar."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from shardpipes.pipes.reader import READ_KEYS, check_options
 from shardpipes.pipes.resumable import Resumable
 from shardpipes.pipes.shards import ShardLister
 from shardpipes.pipes.shuffle import SampleShuffler
+from shardpipes.pipes.split import ShardSplitter
 from shardpipes.pipes.tar import TarOpener
 
 IMAGE_FIELDS = "jpg;jpeg;png;webp;bmp;ppm;pgm;pbm;pnm;gif;tif;tiff"
@@ -46,14 +48,16 @@ class Options:
         return cls(read, decode, bool(options.get("check_exists", True)))
 
 
-def lister(urls: str | Sequence[str], options: Options) -> ShardLister:
-    """The shard list of a recipe, with the storage options and retries of its reading."""
-    return ShardLister(
+def splitter(urls: str | Sequence[str], options: Options, **split: Any) -> ShardSplitter:
+    """A recipe's shard list and split, with the storage options and retries of its reading."""
+    storage_options = options.read.get("storage_options")
+    shards = ShardLister(
         urls,
-        storage_options=options.read.get("storage_options"),
+        storage_options=storage_options,
         check_exists=options.check_exists,
         retries=options.read.get("retries", RetryPolicy.retries),
     )
+    return ShardSplitter(shards, storage_options=storage_options, **split)
 
 
 def chain(
@@ -63,63 +67,39 @@ def chain(
     index: bool | Mapping[str, str] = False,
     buffer_size: int = 0,
     shuffle: bool = True,
-    fields: Sequence[str] = (),
 ) -> IterDataPipe[Any]:
-    """``open_tar`` → ``shuffle_samples`` → ``decode`` → ``to_tuple``, one handler for all."""
+    """``open_tar`` → ``shuffle_samples`` → ``decode``, one handler for all."""
     pipe: IterDataPipe[Any] = TarOpener(shards, index=index, **options.read)
     if buffer_size >= 2:
         pipe = SampleShuffler(pipe, buffer_size).set_shuffle(shuffle)
-    handler = options.read["handler"]
-    pipe = SampleDecoder(pipe, options.decode, handler=handler)
-    return TupleMaker(pipe, *fields, handler=handler) if fields else pipe
+    return SampleDecoder(pipe, options.decode, handler=options.read["handler"])
 
 
 def finish(
     pipe: IterDataPipe[Any],
+    options: Options,
     *,
     fields: Sequence[str],
     transform: Callable[[Any], Any] | None,
     batch_size: int | None,
     drop_last: bool,
 ) -> Resumable:
-    """The recipe's end: its transform, batches (torch's ``batch`` + ``collate``), a root."""
+    """The recipe's end: its fields, transform, batches (``batch`` + ``collate``), a root."""
+    if fields:
+        pipe = TupleMaker(pipe, *fields, handler=options.read["handler"])
     checked_int(batch_size, "batch_size", optional=True)
     if transform is not None:
-        pipe = pipe.map(_First(transform, tuples=bool(fields)))
+        pipe = pipe.map(functools.partial(_transformed, transform, bool(fields)))
     if batch_size is not None:
         pipe = pipe.batch(batch_size, drop_last=drop_last).collate(collate_samples)
     return Resumable(pipe)
 
 
-def mixed(
-    sources: Mapping[str, IterDataPipe[Any]],
-    weights: Mapping[str, float] | None,
-    options: Options,
-    *,
-    seed: int | None,
-    epoch_size: int | None,
-    resample: bool,
-    fields: Sequence[str],
-) -> IterDataPipe[Any]:
-    """Sources of decoded dicts mixed by weight, then their fields picked."""
-    pipe: IterDataPipe[Any] = Mixer(
-        sources, weights, seed=seed or 0, epoch_size=epoch_size, resample=resample
-    )
-    if fields:
-        pipe = TupleMaker(pipe, *fields, handler=options.read["handler"])
-    return pipe
-
-
-class _First:
+def _transformed(transform: Callable[[Any], Any], tuples: bool, sample: Any) -> Any:
     """Apply ``transform`` to a tuple's first field (or to a whole dict sample)."""
-
-    def __init__(self, transform: Callable[[Any], Any], *, tuples: bool) -> None:
-        self.transform, self.tuples = transform, tuples
-
-    def __call__(self, sample: Any) -> Any:
-        if not self.tuples:
-            return self.transform(sample)
-        return type(sample)((self.transform(sample[0]), *sample[1:]))
+    if not tuples:
+        return transform(sample)
+    return type(sample)((transform(sample[0]), *sample[1:]))
 
 
 def one_tar(
@@ -137,28 +117,25 @@ def one_tar(
 
     A dict of name → tar mixes them, each split on its own.
     """
-    from shardpipes.pipes.split import ShardSplitter
-
     fields = (IMAGE_FIELDS, LABEL_FIELDS)
 
-    def source(one: str, picked: Sequence[str]) -> IterDataPipe[Any]:
-        shards = ShardSplitter(
-            lister(one, given), shuffle=False, even=even,
-            storage_options=given.read.get("storage_options"),
+    def source(one: str) -> IterDataPipe[Any]:
+        shards = splitter(
+            one,
+            given,
+            shuffle=False,
+            even=even,
             index=index if isinstance(index, Mapping) else None,
-        )  # fmt: skip
-        return chain(shards, given, index=index, fields=picked)
+        )
+        return chain(shards, given, index=index)
 
     if isinstance(url, Mapping):
-        sources = {name: source(one, ()) for name, one in url.items()}
-        pipe = mixed(
-            sources, weights, given, seed=0, epoch_size=None, resample=False, fields=fields
-        )
+        pipe: IterDataPipe[Any] = Mixer({name: source(one) for name, one in url.items()}, weights)
     elif isinstance(url, str):
         if weights is not None:
             msg = "weights= is for a dict of tars to mix, e.g. {'a': 'a.tar', 'b': 'b.tar'}"
             raise TypeError(msg)
-        pipe = source(url, fields)
+        pipe = source(url)
     else:
         msg = (
             f"url must be one URL string, or a dict of name -> URL to mix (got "
@@ -166,5 +143,5 @@ def one_tar(
         )
         raise TypeError(msg)
     return finish(
-        pipe, fields=fields, transform=transform, batch_size=batch_size, drop_last=drop_last
+        pipe, given, fields=fields, transform=transform, batch_size=batch_size, drop_last=drop_last
     )

@@ -7,17 +7,9 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
+from shardpipes.pipes.mix import Mixer
 from shardpipes.pipes.resumable import Resumable
-from shardpipes.pipes.split import ShardSplitter
-from shardpipes.recipes._common import (
-    IMAGE_FIELDS,
-    LABEL_FIELDS,
-    Options,
-    chain,
-    finish,
-    lister,
-    mixed,
-)
+from shardpipes.recipes._common import IMAGE_FIELDS, LABEL_FIELDS, Options, chain, finish, splitter
 
 __all__ = ["tar_shards"]
 
@@ -128,14 +120,13 @@ def tar_shards(
             name: _source(one, given, seed=None if seed is None else seed + i, **read)
             for i, (name, one) in enumerate(urls.items())
         }
-        pipe = mixed(
-            sources, weights, given, seed=seed, epoch_size=epoch_size, resample=resample,
-            fields=fields,
-        )  # fmt: skip
+        pipe: IterDataPipe[Any] = Mixer(
+            sources, weights, seed=seed or 0, epoch_size=epoch_size, resample=resample
+        )
     else:
-        pipe = _source(urls, given, seed=seed, fields=fields, **read)
+        pipe = _source(urls, given, seed=seed, **read)
     return finish(
-        pipe, fields=fields, transform=transform, batch_size=batch_size, drop_last=drop_last
+        pipe, given, fields=fields, transform=transform, batch_size=batch_size, drop_last=drop_last
     )
 
 
@@ -144,14 +135,8 @@ def _source(
     given: Options,
     *,
     shuffle: bool,
-    seed: int | None,
-    even: bool,
     buffer_size: int,
-    block_shuffle: int | None,
-    fields: Sequence[str] = (),
+    **split: Any,
 ) -> IterDataPipe[Any]:
-    shards = ShardSplitter(
-        lister(urls, given), shuffle=shuffle, seed=seed, even=even,
-        storage_options=given.read.get("storage_options"), block_shuffle=block_shuffle,
-    )  # fmt: skip
-    return chain(shards, given, buffer_size=buffer_size, shuffle=shuffle, fields=fields)
+    shards = splitter(urls, given, shuffle=shuffle, **split)
+    return chain(shards, given, buffer_size=buffer_size, shuffle=shuffle)

@@ -142,6 +142,28 @@ def test_a_resumed_epoch_resumes_again(data: Dataset) -> None:
     check_once(data, before + middle, flat(after), dropped_at_most=2 + 3 + 4)
 
 
+def test_a_resumed_epoch_of_two_ranks_of_three_workers_resumes_from_one_rank(
+    data: Dataset,
+) -> None:
+    """From one rank's loader state (its worker k is global worker 2k): nothing twice."""
+    before, states = [], []
+    for rank in range(2):
+        keys, state = rank_run(recipe(data), 2, rank, 9)
+        before += keys
+        states.append(state)
+    middle, mids = [], {}
+    for worker, count in enumerate([2, 2, 3, 3, 4, 4]):  # 2 ranks x 3 loader workers
+        keys, mids[worker] = rank_run(sp.resume_from(recipe(data), states[1]), 6, worker, count)
+        middle += keys
+    workers = {  # rank 0's loader state: its loader worker k is global worker k * 2
+        f"worker_{k}": {"fetcher_state": {"dataset_iter_state": mids[2 * k]}} for k in range(3)
+    }
+    rank0 = {"_snapshot": {"_worker_snapshots": workers}}
+    after = flat(resumed_on(data, rank0, 2))
+    seen = Counter(before + middle + after)
+    assert [key for key, n in seen.items() if n > 1] == []
+
+
 def test_bad_states_are_refused(data: Dataset, make_shards: Callable[..., Dataset]) -> None:
     _, state = rank_run(recipe(data), 2, 0, 5)
     with pytest.raises(ValueError, match=r"^the state was saved with seed=3: give the pipe that"):
