@@ -219,34 +219,38 @@ class ShardSplitter(Clocked, Pipe, ShardingFilterIterDataPipe):
     # -- iteration ----------------------------------------------------------------------------
 
     def _iterate(self) -> Iterator[ShardPart]:
-        urls, total, worker = self._planned()
+        urls, total, worker = self._placed_urls()
         self.clock.start()
+        loaded, self._loaded = self._loaded, None
+        self._used = self._checked_plan(urls, total, worker, loaded)
         yield from self._parts(urls, total, worker)
 
-    def _planned(self) -> tuple[list[str], int, int]:
-        """The shard list and placement of this iteration, a loaded state checked on them."""
+    def _placed_urls(self) -> tuple[list[str], int, int]:
+        """The shard list, and this iteration's ``(total workers, global worker)``."""
         # iter(): list() would ask the lister's len() first, listing (and checking) twice
         urls = list(iter(self.source_datapipe))
         total, worker = self.placement()
         check_process_group(total)
+        return urls, total, worker
+
+    def _checked_plan(
+        self, urls: list[str], total: int, worker: int, loaded: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        """What the plan is made of, a ``loaded`` state checked against it."""
         used = {
             "shards": len(urls), "digest": digest(urls), "workers": total, "worker": worker,
             "even": self.even, "shuffle": self.shuffle_shards, "seeded": self.seed is not None,
         }  # fmt: skip
         if self._blocks():
             used["blocks"] = self.block_shuffle
-        loaded, self._loaded = self._loaded, None
         if loaded is not None:
             check_split_state(loaded, used, fixed_seed=self.seed)
-        self._used = used
-        return urls, total, worker
+        return used
 
     def check_loaded(self) -> None:
-        """Check a loaded state on the shard list and placement (one listing)."""
+        """Check a loaded state on the shard list and placement now (one listing)."""
         if self._loaded is not None:
-            loaded = self._loaded
-            self._planned()
-            self._loaded = loaded
+            self._checked_plan(*self._placed_urls(), self._loaded)
 
     def _parts(self, urls: list[str], total: int, worker: int) -> list[ShardPart]:
         """Worker ``worker`` of ``total``'s parts of the current epoch and pass.
