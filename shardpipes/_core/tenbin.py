@@ -48,10 +48,6 @@ def _chunks(data: bytes) -> list[memoryview]:
     return out
 
 
-def _ascii(value: int) -> str:
-    return struct.pack("<q", value).rstrip(b"\0").decode("ascii", "replace")
-
-
 def decode_tenbin(data: bytes) -> list[Any]:
     """The arrays of a ``.ten`` member, as writable numpy arrays.
 
@@ -68,7 +64,7 @@ def decode_tenbin(data: bytes) -> list[Any]:
             msg = f"a tenbin header of {len(header)} bytes"
             raise ValueError(msg)
         fields = struct.unpack_from(f"<{len(header) // 8}q", header)
-        code, ndim = _ascii(fields[0]), fields[2]
+        code, ndim = bytes(header[:8]).rstrip(b"\0").decode("ascii", "replace"), fields[2]
         if code not in _CODES:
             msg = f"a tenbin array of unknown type {code!r}"
             raise ValueError(msg)
@@ -107,16 +103,9 @@ def encode_tenbin(arrays: Sequence[Any]) -> bytes:
                 f"dimensions (got {array.dtype.name}, {array.ndim})"
             )
             raise TypeError(msg)
-        fields = [code, "", array.ndim, *array.shape]
-        header = struct.pack(
-            f"<{len(fields)}q",
-            *(
-                int.from_bytes(f.encode().ljust(8, b"\0"), "little", signed=True)
-                if isinstance(f, str)
-                else f
-                for f in fields
-            ),
-        )
+        # the dtype code and an empty name (8 ASCII bytes each), then int64s
+        header = code.encode().ljust(16, b"\0")
+        header += struct.pack(f"<{1 + array.ndim}q", array.ndim, *array.shape)
         body = numpy.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
         for chunk in (header, body):
             out += MAGIC + struct.pack("<q", len(chunk)) + chunk
