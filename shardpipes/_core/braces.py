@@ -45,26 +45,25 @@ def _unescape(s: str) -> str:
     return s.replace("\\{", "{").replace("\\}", "}")
 
 
+# an escaped character (passed over) or a brace or comma that counts
+_MARKS = re.compile(r"\\.|[{},]", re.DOTALL)
+
+
 def _find_group(s: str, whole: str) -> tuple[int, int] | None:
     """Return (start, end) of the first top-level brace group, end inclusive."""
-    depth, start, i = 0, -1, 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
+    depth = start = 0
+    for mark in _MARKS.finditer(s):
+        if mark.group() == "{":
             if depth == 0:
-                start = i
+                start = mark.start()
             depth += 1
-        elif c == "}":
+        elif mark.group() == "}":
             if depth == 0:
                 msg = f"unbalanced '}}' in pattern {whole!r}"
                 raise ValueError(msg)
             depth -= 1
             if depth == 0:
-                return start, i
-        i += 1
+                return start, mark.start()
     if depth:
         msg = f"unbalanced '{{' in pattern {whole!r}"
         raise ValueError(msg)
@@ -73,24 +72,16 @@ def _find_group(s: str, whole: str) -> tuple[int, int] | None:
 
 def _split_top(body: str) -> list[str]:
     """Split a group's body on top-level commas."""
-    parts, depth, cur, i = [], 0, [], 0
-    while i < len(body):
-        c = body[i]
-        if c == "\\":
-            cur.append(body[i : i + 2])
-            i += 2
-            continue
-        if c == "{":
+    parts, depth, last = [], 0, 0
+    for mark in _MARKS.finditer(body):
+        if mark.group() == "{":
             depth += 1
-        elif c == "}":
+        elif mark.group() == "}":
             depth -= 1
-        if c == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-        i += 1
-    parts.append("".join(cur))
+        elif mark.group() == "," and depth == 0:
+            parts.append(body[last : mark.start()])
+            last = mark.end()
+    parts.append(body[last:])
     return parts
 
 
