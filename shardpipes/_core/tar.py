@@ -39,12 +39,10 @@ from shardpipes._core.tar_headers import (
     apply_pax,
     check,
     checksum_ok,
-    no_header,
     not_a_tar,
     nts,
     parse,
     pax_records,
-    strip_dots,
 )
 from shardpipes.errors import ShardpipesError, TarFormatError
 
@@ -234,11 +232,7 @@ def _general(
     max_size: int,
 ) -> Member | _Step:
     """Read one header the general way: a member, or what it leads to; raises what is bad."""
-    pos, end = reader.pos, reader.pos + BLOCK
-    if end <= len(reader.buf):  # the header is in the buffer
-        header, reader.pos, pos = reader.buf[pos:end], end, reader.base + pos
-    else:
-        pos, header = reader.tell(), reader.read(BLOCK)
+    pos, header = reader.tell(), reader.read(BLOCK)
     headers.pos = pos
     if len(header) < BLOCK or header == _ZERO:
         return _zero_or_short(reader, headers, header, url)
@@ -260,7 +254,8 @@ def _general(
         if kind not in _SUPPORTED or kind == 0x53:  # unknown types and sparse files
             reader.skip(padded)
         return _Step.NEXT
-    name = strip_dots(name)
+    while name.startswith("./"):
+        name = name[2:]
     if headers.drop:  # reported with its pax header: mark it by the name it has
         headers.drop = False
         reader.skip(padded)
@@ -298,7 +293,14 @@ def _extended(
     if headers.extended > MAX_EXTENDED:
         msg = f"more than {MAX_EXTENDED} extended headers before one member"
         raise BadMember(TarFormatError(msg, url=url, offset=headers.start), Then.STOP)
-    meta = _meta(reader, size, padded, url, headers.pos)
+    if size > _MAX_META:
+        msg = f"extended header of {size} bytes (limit {_MAX_META})"
+        raise TarFormatError(msg, url=url, offset=headers.pos)
+    meta = reader.read(size)
+    if len(meta) < size:
+        msg = "truncated extended header"
+        raise TarFormatError(msg, url=url, offset=headers.pos)
+    reader.skip(padded - size)
     if kind == 0x4C:  # L: GNU long name
         headers.long_name = nts(meta)
     elif kind in b"xg":
@@ -311,7 +313,7 @@ def _recover(
 ) -> tuple[Member | None, bool]:
     """Report a bad member; return the marker to yield and whether to go on (module docs)."""
     pos = headers.pos
-    if pos == 0 and bad.error.offset == 0 and no_header(bad.error):
+    if pos == 0 and bad.error.offset == 0:
         bad.error = not_a_tar(bad.error, url)
     if on_error is None:
         raise bad.error from bad.error.__cause__
@@ -351,16 +353,3 @@ def _scan(reader: Reader) -> bool:
             if valid:
                 reader.unread(block)
                 return True
-
-
-def _meta(reader: Reader, size: int, padded: int, url: str, pos: int) -> bytes:
-    """Read the data of a long-name or pax header."""
-    if size > _MAX_META:
-        msg = f"extended header of {size} bytes (limit {_MAX_META})"
-        raise TarFormatError(msg, url=url, offset=pos)
-    data = reader.read(size)
-    if len(data) < size:
-        msg = "truncated extended header"
-        raise TarFormatError(msg, url=url, offset=pos)
-    reader.skip(padded - size)
-    return data

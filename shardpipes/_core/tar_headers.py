@@ -90,29 +90,24 @@ def parse(header: bytes, url: str, pos: int) -> tuple[str, int, int]:
     return name, size, kind
 
 
-def _pax(data: bytes) -> dict[str, str]:
-    r"""Parse pax records: ``"%d %s=%s\\n"``."""
-    out, pos = {}, 0
-    while pos < len(data) and data[pos] != 0:
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        record = data[space + 1 : pos + length - 1]
-        if not space - pos < length <= len(data) - pos or data[pos + length - 1] != 0x0A:
-            raise ValueError(f"bad pax record at {pos}")  # noqa: EM102 - rewrapped by caller
-        key, _, value = record.partition(b"=")
-        out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
-
-
 def pax_records(meta: bytes, url: str, pos: int) -> dict[str, str]:
-    """The records of a pax header; a bad one drops the member it describes."""
+    r"""The records (``"%d %s=%s\\n"``) of a pax header; a bad one drops the member it describes."""
+    out, at = {}, 0
     try:
-        return _pax(meta)
+        while at < len(meta) and meta[at] != 0:
+            space = meta.index(b" ", at)
+            length = int(meta[at:space])
+            record = meta[space + 1 : at + length - 1]
+            if not space - at < length <= len(meta) - at or meta[at + length - 1] != 0x0A:
+                raise ValueError(f"bad pax record at {at}")  # noqa: EM102 - rewrapped below
+            key, _, value = record.partition(b"=")
+            out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+            at += length
     except (ValueError, UnicodeDecodeError) as exc:
         error = TarFormatError("bad pax header", url=url, offset=pos)
         error.__cause__ = exc
         raise BadMember(error, Then.DROP) from exc
+    return out
 
 
 def apply_pax(
@@ -133,13 +128,6 @@ def apply_pax(
     return name, size, padded
 
 
-def strip_dots(name: str) -> str:
-    """The name without its leading ``./`` parts."""
-    while name.startswith("./"):
-        name = name[2:]
-    return name
-
-
 def check(name: str, size: int, padded: int, max_size: int, url: str, offset: int) -> None:
     """Refuse an unsafe name or an oversized member (its data is then skipped)."""
     parts = name.replace("\\", "/").split("/")
@@ -151,13 +139,13 @@ def check(name: str, size: int, padded: int, max_size: int, url: str, offset: in
         raise BadMember(TarFormatError(msg, url=url, member=name, offset=offset), padded)
 
 
-def no_header(error: TarFormatError) -> bool:
-    """Whether ``error`` says a block is no tar header at all (not a tar's own fault)."""
-    return error.problem in _NO_HEADER
-
-
 def not_a_tar(error: TarFormatError, url: str) -> TarFormatError:
-    """The error of a stream whose very first header is bad: it is likely no tar at all."""
+    """The error of a stream's very first header: if it is no tar header, likely no tar at all.
+
+    An error that is a tar's own fault (not that a block is no header) is returned as it is.
+    """
+    if error.problem not in _NO_HEADER:
+        return error
     name = url.rstrip("/").rpartition("/")[2]
     hint = ""
     if not name.lower().endswith(_TAR_NAMES):
