@@ -140,9 +140,6 @@ class Pieces:
     def read(self, n: int = -1) -> bytes:
         return self.gz.read1(n)
 
-    def seekable(self) -> bool:
-        return False
-
     def drain(self) -> None:
         """Read to the end of the gzip stream: its trailer's CRC and length are checked."""
         while self.gz.read1(CHUNK):
