@@ -34,21 +34,18 @@ REASONS = ("tar", "decode", "unsafe", "missing_field", "storage", "other")
 _COLUMNS = ("read", "dropped", "errors", "shards", "shards_failed", *REASONS, "runs", "ended")
 _COL = {name: i for i, name in enumerate(_COLUMNS)}
 _WIDTH = len(_COLUMNS)
+_KINDS = (  # in order: an UnsafeDataError is a DecodeError
+    (TarFormatError, "tar"),
+    (UnsafeDataError, "unsafe"),
+    (DecodeError, "decode"),
+    (MissingFieldError, "missing_field"),
+    (OSError, "storage"),
+)
 
 
 def reason(exc: BaseException) -> str:
     """The counter an error is skipped under: one of :data:`REASONS`."""
-    if isinstance(exc, TarFormatError):
-        return "tar"
-    if isinstance(exc, UnsafeDataError):
-        return "unsafe"
-    if isinstance(exc, DecodeError):
-        return "decode"
-    if isinstance(exc, MissingFieldError):
-        return "missing_field"
-    if isinstance(exc, OSError):
-        return "storage"
-    return "other"
+    return next((name for kind, name in _KINDS if isinstance(exc, kind)), "other")
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,7 @@ class Stats:
     def __str__(self) -> str:
         why = ", ".join(f"{k} {v}" for k, v in self.skipped.items())
         return (
-            f"{self.yielded} {_samples(self.yielded)} yielded of {self.read} read; "
+            f"{self.yielded} sample{'' if self.yielded == 1 else 's'} yielded of {self.read} read; "
             f"{self.errors} skipped"
             + (f" ({why})" if why else "")
             + f"; {self.shards} shard{'' if self.shards == 1 else 's'}, "
@@ -275,7 +272,3 @@ def _budget_problem(
     over = f"max_errors={budget}" if seen is None else f"max_errors={budget} of {seen} items"
     tail = f"; the last: {last}" if last is not None else ""
     return f"{errors} errors skipped this epoch, over {over}{tail}"
-
-
-def _samples(n: int) -> str:
-    return "sample" if n == 1 else "samples"
