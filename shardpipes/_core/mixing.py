@@ -87,11 +87,6 @@ class MixDraws:
         self.drawn = dict.fromkeys(self.weights, 0)  # since the weights last changed
         self.count = 0  # draws in all
 
-    @property
-    def live(self) -> bool:
-        """Whether any source is left."""
-        return bool(self.weights)
-
     def next(self) -> str:
         """The source of the next sample.
 
@@ -159,7 +154,7 @@ def mixed(draws: MixDraws, take: Callable[[str], T | None]) -> Iterator[tuple[st
     ``take(name)`` gives source ``name``'s next item, or ``None`` once it has run out
     (that draw is void, and the source dropped).
     """
-    while draws.live:
+    while draws.weights:  # a source is left
         name = draws.next()
         item = take(name)
         if item is None:
