@@ -323,10 +323,8 @@ def located(exc: Exception, sample: Mapping[str, Any], field: str) -> DecodeErro
     if isinstance(exc, DecodeError):
         problem, cls = exc.problem, type(exc)
     else:
-        problem, cls = (
-            f"cannot decode {field!r}: {type(exc).__name__}: {described(exc)}",
-            DecodeError,
-        )
+        problem = f"cannot decode {field!r}: {type(exc).__name__}: {described(exc)}"
+        cls = DecodeError
     offset = getattr(sample, "offset", None)  # a ShardSample knows where it starts
     return cls(problem, url=sample.get("__url__"), member=member, key=key, offset=offset)
 
