@@ -124,9 +124,6 @@ class Prepend:
             return out
         return self.stream.read(n)
 
-    def readable(self) -> bool:
-        return True
-
 
 class Pieces:
     """A gzip stream read with ``read1``: what came before a cut or a bad CRC is given first.
