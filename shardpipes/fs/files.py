@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
-from shardpipes.errors import ShardNotFoundError, ShardpipesError
+from shardpipes.errors import ShardNotFoundError
 from shardpipes.fs.backends import (
     StorageOptions,
     T,
@@ -23,8 +23,8 @@ from shardpipes.fs.backends import (
 )
 from shardpipes.fs.http_client import HttpClient
 from shardpipes.fs.reads import file_size
-from shardpipes.fs.resilient import raise_permanent
-from shardpipes.fs.retry import RetryPolicy, gave_up, transient
+from shardpipes.fs.resilient import call_storage
+from shardpipes.fs.retry import RetryPolicy
 
 _MAGIC = ("*", "?", "[")
 
@@ -172,14 +172,7 @@ def _entries(
 
 def _call(url: str, fn: Callable[[], T], retry: RetryPolicy | None = None, *, what: str) -> T:
     """A metadata call (glob, size, listing) with retries and errors that name ``url``."""
-    policy = retry or RetryPolicy()
-    try:
-        return policy.call(url, fn)
-    except Exception as exc:
-        if transient(exc) and not isinstance(exc, ShardpipesError):
-            raise gave_up(exc, url, what, policy.retries) from exc
-        raise_permanent(exc, url)
-        raise
+    return call_storage(retry or RetryPolicy(), url, fn, what)
 
 
 _LISTED = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})  # prefix listings

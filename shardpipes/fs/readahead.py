@@ -51,8 +51,8 @@ from shardpipes.fs.read_plan import (
     speculate,
 )
 from shardpipes.fs.readahead_file import AheadFile
-from shardpipes.fs.resilient import READ_STATS, ResilientStream, raise_permanent
-from shardpipes.fs.retry import RetryPolicy, gave_up, transient
+from shardpipes.fs.resilient import READ_STATS, ResilientStream, call_storage
+from shardpipes.fs.retry import RetryPolicy
 
 __all__ = [
     "FIRST_BLOCK",
@@ -274,9 +274,7 @@ class ReadAhead:
         url = source.read.url
         try:
             filesystem, path = self.resolve(url)
-            size: int = self._call(
-                url, 0, lambda: self._size(filesystem, path), "open", source=source
-            )
+            size: int = self._call(source, 0, lambda: self._size(filesystem, path), "open")
         except Exception as exc:
             with self._lock:
                 source.size_error = exc
@@ -325,10 +323,9 @@ class ReadAhead:
             if data is None:
                 filesystem, path = self.resolve(url)
                 data = self._call(
-                    url,
+                    source,
                     block.offset,
                     lambda: self._fetch(filesystem, url, path, block.offset, block.end),
-                    source=source,
                 )
                 READ_STATS.count(requests=1, fetched=len(data))
                 if self.cache is not None:
@@ -353,32 +350,18 @@ class ReadAhead:
         source.sized.result()
         return source.size is not None and block.offset >= source.size
 
-    def _call(
-        self,
-        url: str,
-        offset: int,
-        fn: Callable[[], Any],
-        what: str = "read",
-        *,
-        source: Source | None = None,
-    ) -> Any:
-        """``fn()`` with the retry policy; failures as shardpipes errors naming ``url``.
+    def _call(self, source: Source, offset: int, fn: Callable[[], Any], what: str = "read") -> Any:
+        """``fn()`` with the retry policy; failures as shardpipes errors naming the URL.
 
         A block's retries stop once its ``source`` is dropped (nobody will read it).
         """
 
         def recover() -> None:
-            if source is not None and source.closed:
+            if source.closed:
                 raise _DroppedError
             READ_STATS.count(retries=1)
 
-        try:
-            return self.retry.call(f"{url} at byte {offset}", fn, recover)
-        except Exception as exc:
-            raise_permanent(exc, url)
-            if not transient(exc):
-                raise
-            raise gave_up(exc, url, what, self.retry.retries, offset) from exc
+        return call_storage(self.retry, source.read.url, fn, what, offset, recover)
 
 
 class _DroppedError(Exception):

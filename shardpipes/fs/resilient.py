@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from shardpipes.errors import ShardNotFoundError, ShardpipesError, StorageAccessError
 from shardpipes.fs.retry import RetryPolicy, denied, gave_up, missing, transient
 
-__all__ = ["READ_STATS", "ReadOnly", "ReadStats", "ResilientStream", "raise_permanent"]
+__all__ = ["READ_STATS", "ReadOnly", "ReadStats", "ResilientStream", "call_storage"]
 
 T = TypeVar("T")
 
@@ -96,11 +96,6 @@ class ResilientStream(ReadOnly):
         self._file: Any = None
         self._attempts("open", lambda: None)  # opens, with retries
 
-    def size(self) -> int | None:
-        """The file's size, where the backend knows it from opening."""
-        size = getattr(self._file, "size", None)
-        return size if isinstance(size, int) else None
-
     def _open(self) -> Any:
         file = self._fs.open(self._path, "rb")
         if self.pos:
@@ -116,13 +111,7 @@ class ResilientStream(ReadOnly):
                 self._file = self._open()
             return fn()
 
-        try:
-            return self.retry.call(f"{self.url} at byte {self.pos}", attempt, self._recover)
-        except Exception as exc:
-            raise_permanent(exc, self.url)
-            if not transient(exc):
-                raise
-            raise gave_up(exc, self.url, what, self.retry.retries, self.pos) from exc
+        return call_storage(self.retry, self.url, attempt, what, self.pos, self._recover)
 
     def _recover(self) -> None:
         READ_STATS.count(retries=1)
@@ -153,13 +142,32 @@ class ResilientStream(ReadOnly):
         self._discard()
 
 
-def raise_permanent(exc: BaseException, url: str) -> None:
-    """Raise the shardpipes error for a missing file or a refusal; return otherwise."""
-    if isinstance(exc, ShardpipesError):
-        raise exc
-    if missing(exc):
-        msg = "no such file"
-        raise ShardNotFoundError(msg, url=url) from exc
-    if denied(exc):
-        msg = f"access denied (check the credentials in storage_options): {exc}"
-        raise StorageAccessError(msg, url=url) from exc
+def call_storage(
+    retry: RetryPolicy,
+    url: str,
+    fn: Callable[[], T],
+    what: str,
+    offset: int | None = None,
+    recover: Callable[[], object] | None = None,
+) -> T:
+    """``retry.call(fn, recover)``, its failures as the shardpipes errors that name ``url``.
+
+    A missing file is a :class:`ShardNotFoundError`, a refusal a :class:`StorageAccessError`
+    (neither retried), a transient failure past the retries the ``StorageError`` of
+    :func:`~shardpipes.fs.retry.gave_up` (``what`` failed at ``offset``); anything else, and
+    a shardpipes error, is raised as it is.
+    """
+    try:
+        return retry.call(url if offset is None else f"{url} at byte {offset}", fn, recover)
+    except Exception as exc:
+        if isinstance(exc, ShardpipesError):
+            raise
+        if missing(exc):
+            msg = "no such file"
+            raise ShardNotFoundError(msg, url=url) from exc
+        if denied(exc):
+            msg = f"access denied (check the credentials in storage_options): {exc}"
+            raise StorageAccessError(msg, url=url) from exc
+        if not transient(exc):
+            raise
+        raise gave_up(exc, url, what, retry.retries, offset) from exc
