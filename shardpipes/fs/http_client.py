@@ -196,24 +196,19 @@ class HttpClient:
         self, origin: Origin, method: str, target: str, headers: Mapping[str, str]
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         conn, reused = self._take(origin)
-        try:
-            conn.request(method, target, headers=dict(headers))
-            return conn, conn.getresponse()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-            conn.close()
-            if not reused:
+        while True:
+            try:
+                conn.request(method, target, headers=dict(headers))
+                return conn, conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                conn.close()
+                if not reused:
+                    raise
+            except BaseException:
+                conn.close()
                 raise
-        except BaseException:
-            conn.close()
-            raise
-        # the server closed the kept-alive connection while it was idle: a new one
-        conn = self._connect(origin)
-        try:
-            conn.request(method, target, headers=dict(headers))
-            return conn, conn.getresponse()
-        except BaseException:
-            conn.close()
-            raise
+            # the server closed the kept-alive connection while it was idle: a new one
+            conn, reused = self._connect(origin), False
 
     def _take(self, origin: Origin) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
