@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -19,7 +18,6 @@ __all__ = [
     "Read",
     "Source",
     "next_offset",
-    "quietly",
     "speculate",
 ]
 
@@ -110,9 +108,3 @@ def next_offset(source: Source) -> int | None:
     if source.next >= len(source.ranges):
         return None
     return source.cursor if source.cursor is not None else source.ranges[source.next][0]
-
-
-def quietly(fn: Callable[[Source], object], source: Source) -> None:
-    """Run ``fn(source)`` in the background: a reader waiting on it raises what it failed with."""
-    with contextlib.suppress(Exception):
-        fn(source)

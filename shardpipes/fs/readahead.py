@@ -308,9 +308,8 @@ class ReadAhead:
         finally:
             with self._lock:
                 self._inflight -= 1
-                if block.dropped and not block.released:
-                    block.released = True
-                    self._held -= block.length
+                if block.dropped:
+                    self._release(block)
                 self._pump()
 
     def _get_block(self, source: Source, block: Block) -> None:

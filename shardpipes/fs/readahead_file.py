@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from shardpipes.fs.read_plan import Block, Source, next_offset, quietly
+from shardpipes.fs.read_plan import Block, Source, next_offset
 from shardpipes.fs.resilient import READ_STATS, ReadOnly, ResilientStream
 
 if TYPE_CHECKING:
@@ -92,7 +92,8 @@ class AheadFile(ReadOnly):
     def seek(self, offset: int, whence: int = 0) -> int:
         """Move to ``offset``; the blocks are asked for when read."""
         if whence == 2:
-            size = self._size()
+            source = self._source
+            size = source.size if source.size is not None else self._ahead._measure(source)
             target = size + offset
         else:
             target = offset if whence == 0 else self.pos + offset
@@ -101,10 +102,6 @@ class AheadFile(ReadOnly):
             raise ValueError(msg)
         self.pos = target
         return target
-
-    def _size(self) -> int:
-        source = self._source
-        return source.size if source.size is not None else self._ahead._measure(source)
 
     def close(self) -> None:
         """Drop the read's blocks and give their bytes back to the budget."""
@@ -125,4 +122,9 @@ def replan(ahead: ReadAhead, source: Source, pos: int) -> None:
     source.grow = 0
     if source.size is None and not source.sizing and not source.chained:
         source.sized.set_running_or_notify_cancel()
-        ahead._submit(lambda: quietly(ahead._measure, source))  # a waiting reader raises
+
+        def measure() -> None:
+            with contextlib.suppress(Exception):  # a reader waiting on it raises it
+                ahead._measure(source)
+
+        ahead._submit(measure)
