@@ -82,8 +82,7 @@ class ShardCache:
         if path is None:
             partial = _partial(self.entry(url))
             with self._locked():
-                covered = _covers(_load_ranges(partial), offset, offset + length)
-                if not covered:
+                if not _covers(_load_ranges(partial), offset, offset + length):
                     return None
                 return _pread(partial, offset, length)
         try:

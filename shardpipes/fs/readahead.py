@@ -271,9 +271,8 @@ class ReadAhead:
         Raises:
             What finding it raised, also kept in ``size_error`` for a reader that waits.
         """
-        url = source.read.url
         try:
-            filesystem, path = self.resolve(url)
+            filesystem, path = self.resolve(source.read.url)
             size: int = self._call(source, 0, lambda: self._size(filesystem, path), "open")
         except Exception as exc:
             with self._lock:
