@@ -65,26 +65,20 @@ class _ShardByteCounter(IterDataPipe[tuple[int, int, int]]):
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         for url, part, parts, *_ in self.source_datapipe:
-            start, stop = 0, None
+            start, left = 0, sys.maxsize  # the whole shard, in 1 MiB reads
             if parts > 1:
                 size = fs.size(url, self._options)
-                start, stop = size * part // parts, size * (part + 1) // parts
+                start = size * part // parts
+                left = size * (part + 1) // parts - start
             with fs.open_input(url, self._options) as f:
                 if start:
                     f.seek(start)
-                for n in _reads(f, None if stop is None else stop - start):
+                while left > 0:
+                    n = len(f.read(min(_CHUNK, left)))
+                    if not n:
+                        break
+                    left -= n
                     yield 0, n, n
-
-
-def _reads(f: Any, length: int | None) -> Iterator[int]:
-    """Read ``length`` bytes (all, for ``None``) in 1 MiB reads; yield each read's size."""
-    while length is None or length > 0:
-        n = len(f.read(_CHUNK if length is None else min(_CHUNK, length)))
-        if not n:
-            return
-        if length is not None:
-            length -= n
-        yield n
 
 
 class _SampleCounter(IterDataPipe[tuple[int, int, int]]):
@@ -209,9 +203,11 @@ def run_bench(
         meter = _Meter(stage, cap=span if stage == "read" else max_samples)
         policy = ErrorPolicy(handler)
         pipe = _pipe(stage, shards, options, image=image, batch_size=batch_size, policy=policy)
-        measure = partial(_measure, pipe, meter, workers, total, progress)
-        results[stage] = _guard(partial(_with_stats, measure, None if stage == "read" else policy))
-        if stage == "tar" and results[stage].capped:
+        result = _guard(partial(_measure, pipe, meter, workers, total, progress))
+        if stage != "read" and result.error is None:
+            result = replace(result, stats=asdict(policy.stats()))
+        results[stage] = result
+        if stage == "tar" and result.capped:
             span = meter.span
     return [results[stage] for stage in STAGES]
 
@@ -229,13 +225,6 @@ def _list(urls: str | Sequence[str], options: Mapping[str, Any]) -> list[str]:
         msg = "no shard matches the pattern"
         raise NoShardsError(msg, url=urls if isinstance(urls, str) else ", ".join(urls))
     return shards
-
-
-def _with_stats(measure: Callable[[], StageResult], policy: ErrorPolicy | None) -> StageResult:
-    result = measure()
-    if policy is None or result.error is not None:
-        return result
-    return replace(result, stats=asdict(policy.stats()))
 
 
 def _pipe(
