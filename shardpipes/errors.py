@@ -8,6 +8,8 @@ built-in exception a caller would catch anyway (``FileNotFoundError``, ``ValueEr
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "DecodeError",
     "MissingFieldError",
@@ -68,13 +70,7 @@ class ShardpipesError(Exception):
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only fields survive pickling (DataLoader workers send errors to the parent).
         kwargs = {name: getattr(self, name) for name in ("url", "member", "key", "offset")}
-        return (_rebuild, (type(self), self.problem, kwargs))
-
-
-def _rebuild(
-    cls: type[ShardpipesError], problem: str, kwargs: dict[str, object]
-) -> ShardpipesError:
-    return cls(problem, **kwargs)  # type: ignore[arg-type]
+        return (functools.partial(type(self), **kwargs), (self.problem,))
 
 
 class ShardNotFoundError(ShardpipesError, FileNotFoundError):
