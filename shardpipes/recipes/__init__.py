@@ -35,11 +35,8 @@ __all__ = [
 ]
 
 _RECIPES: dict[str, Callable[..., Any]] = {
-    "image_folder": image_folder,
-    "indexed_tar": indexed_tar,
-    "tar_images": tar_images,
-    "tar_shards": tar_shards,
-    "tensors": tensors,
+    recipe.__name__: recipe
+    for recipe in (image_folder, indexed_tar, tar_images, tar_shards, tensors)
 }
 
 

@@ -182,7 +182,11 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         url, label = self.samples[index]
         with fs.open_input(url, self.storage_options) as f:
             data = f.read()
-        image: Any = _decode_rgb(data, url)
+        try:
+            image: Any = decode_image(data, "pil")  # an RGB image
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            problem = f"cannot decode image: {described(exc)}"
+            raise DecodeError(problem, url=url, member=url.rsplit("/", 1)[-1]) from exc
         if self.transform is not None:
             image = self.transform(image)
         return image, label
@@ -190,16 +194,6 @@ class ImageFolder(Dataset[tuple[Any, int]]):
     def __repr__(self) -> str:
         name = type(self).__name__
         return f"{name}(root={self.root!r}, classes={len(self.classes)}, samples={len(self)})"
-
-
-def _decode_rgb(data: bytes, url: str) -> Image.Image:
-    """Decode image bytes to an RGB image, or raise a DecodeError naming ``url``."""
-    try:
-        image: Image.Image = decode_image(data, "pil")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        problem = f"cannot decode image: {described(exc)}"
-        raise DecodeError(problem, url=url, member=url.rsplit("/", 1)[-1]) from exc
-    return image
 
 
 def image_folder(
