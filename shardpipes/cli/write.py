@@ -34,7 +34,8 @@ def write_command(args: argparse.Namespace) -> int:
     classes, images, source = _labelled(args, options)
     if args.shuffle:
         random.Random(args.seed or 0).shuffle(images)
-    old = _existing(args.out, options)
+    head, tail = pattern_parts(args.out)
+    old = _glob(f"{head}*{tail}", options)  # the shards already there: the number as "*"
     if old and not args.overwrite:
         msg = (
             f"{args.out}: {counted(len(old), 'shard')} already match the pattern "
@@ -125,11 +126,16 @@ def _class_lists_beside(pattern: str, options: dict[str, Any]) -> list[str]:
     head = pattern_parts(pattern)[0]
     folder = head.rpartition("/")[0] or "."
     own = classes_url(pattern)
+    found = _glob(f"{folder}/*classes.json", options)
+    return [url for url in found if url != own and not url.endswith(own)]
+
+
+def _glob(pattern: str, options: dict[str, Any]) -> list[str]:
+    """The files that match ``pattern``, sorted; none if its folder does not exist."""
     try:
-        found = fs.glob(f"{folder}/*classes.json", options)
+        return sorted(fs.glob(pattern, options))
     except FileNotFoundError:
         return []
-    return sorted(url for url in found if url != own and not url.endswith(own))
 
 
 def _read_images(
@@ -168,15 +174,6 @@ def _bad_image(exc: DecodeError, handler: str) -> None:
         raise ValueError(msg) from exc
     if handler == "warn":
         print(f"shardpipes: warning: skipped: {' '.join(str(exc).split())}", file=sys.stderr)
-
-
-def _existing(pattern: str, options: dict[str, Any]) -> list[str]:
-    """The files that already match a shard pattern (its number field as ``*``)."""
-    head, tail = pattern_parts(pattern)
-    try:
-        return sorted(fs.glob(f"{head}*{tail}", options))
-    except FileNotFoundError:
-        return []
 
 
 def _list_images(
