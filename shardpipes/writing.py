@@ -42,14 +42,10 @@ class _Gzipped(gzip.GzipFile):
             self._raw.close()
 
 
-def _output(options: Mapping[str, Any]) -> Callable[[str], IO[bytes]]:
+def _open_output(options: Mapping[str, Any], url: str) -> IO[bytes]:
     """Open a shard (or sidecar) for writing; gzip-compressed if its name says so."""
-
-    def open_output(url: str) -> IO[bytes]:
-        raw = fs.open_output(url, options)
-        return cast("IO[bytes]", _Gzipped(raw)) if url.endswith(_GZIP) else raw
-
-    return open_output
+    raw = fs.open_output(url, options)
+    return cast("IO[bytes]", _Gzipped(raw)) if url.endswith(_GZIP) else raw
 
 
 def encode(sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,7 +72,7 @@ class _Writer:
         options = dict(storage_options or {})
         self._writer = TarShardWriter(
             url,
-            opener=_output(options),
+            opener=functools.partial(_open_output, options),
             remove=lambda url: fs.remove_file(url, options),
             index=index and not url.endswith(_GZIP),
             **limits,
