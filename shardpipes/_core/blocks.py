@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
 
-from shardpipes._core.split import ShardPart, assign_even, check_worker, order_key
+from shardpipes._core.split import ShardPart, assign_even, check_worker, order_key, permutation
 from shardpipes._core.stage import checked_int
 
 
@@ -58,8 +57,7 @@ def split_blocks(
     first = np.cumsum(n_blocks) - n_blocks  # each shard's first block
     start = (np.arange(len(shard)) - np.repeat(first, n_blocks)) * size
     stop = np.minimum(start + size, per_shard[shard])
-    digest = hashlib.sha256(f"blocks:{order_key(seed, epoch, pass_)}".encode()).digest()
-    order = np.random.RandomState(np.frombuffer(digest, dtype="<u4")).permutation(len(shard))
+    order = permutation(len(shard), f"blocks:{order_key(seed, epoch, pass_)}")
     if not even:
         mine = order[worker::total]
         return [ShardPart(urls[shard[i]], start=int(start[i]), stop=int(stop[i])) for i in mine]

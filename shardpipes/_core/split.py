@@ -76,11 +76,12 @@ def shard_order(n: int, *, seed: int, epoch: int = 0) -> list[int]:
         >>> sorted(shard_order(5, seed=0, epoch=1))
         [0, 1, 2, 3, 4]
     """
-    return _permutation(n, seed, epoch).tolist()  # type: ignore[no-any-return]
+    return permutation(n, order_key(seed, epoch, 0)).tolist()  # type: ignore[no-any-return]
 
 
-def _permutation(n: int, seed: int, epoch: int, pass_: int = 0) -> np.ndarray:
-    digest = hashlib.sha256(order_key(seed, epoch, pass_).encode()).digest()
+def permutation(n: int, key: str) -> np.ndarray:
+    """A permutation of ``range(n)`` seeded by the text ``key`` alone (see :func:`shard_order`)."""
+    digest = hashlib.sha256(key.encode()).digest()
     return np.random.RandomState(np.frombuffer(digest, dtype="<u4")).permutation(n)
 
 
@@ -186,29 +187,9 @@ def assign_even(
             f"{len(ends)} shards for {total} workers (ranks × DataLoader workers)"
         )
         raise ValueError(msg)
-    return cut(counts, worker * each, (worker + 1) * each, ends=ends)
-
-
-def cut(
-    counts: Sequence[int] | np.ndarray,
-    first: int,
-    last: int,
-    *,
-    ends: Sequence[int] | np.ndarray | None = None,
-) -> list[tuple[int, int, int]]:
-    """The ``(item, start, stop)`` sample ranges of samples ``[first, last)`` end to end.
-
-    The items (shards, parts) hold ``counts`` samples each, in order; ``ends`` are their
-    running sums, if known.
-
-    Example:
-        >>> cut([3, 3, 1], 2, 5)
-        [(0, 2, 3), (1, 0, 2)]
-    """
-    if ends is None:
-        ends = list(itertools.accumulate(counts))
+    first, last = worker * each, (worker + 1) * each
     out = []
-    i = bisect.bisect_right(ends, first)  # the item holding sample `first`
+    i = bisect.bisect_right(ends, first)  # the shard holding sample `first`
     while i < len(ends) and (begin := int(ends[i] - counts[i])) < last:
         start, stop = max(first - begin, 0), min(last - begin, int(counts[i]))
         if stop > start:
@@ -281,7 +262,7 @@ class SplitPlanner:
             msg = f"counts has {len(counts)} entries for {len(urls)} shards"
             raise ValueError(msg)
         self._urls = urls
-        self._order = _permutation(len(urls), seed, epoch, pass_) if shuffle else None
+        self._order = permutation(len(urls), order_key(seed, epoch, pass_)) if shuffle else None
         self._counts: np.ndarray | None = None
         self._ends: np.ndarray | None = None
         if counts is not None:
