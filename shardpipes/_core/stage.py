@@ -291,7 +291,8 @@ class Stage:
 
     def want(self, fields: frozenset[str] | None) -> None:
         """Only ``fields`` of each sample are kept downstream (a decoder decodes only those)."""
-        self.sources()[0].want(fields)
+        for source in self.sources():
+            source.want(fields)
 
     def check_loaded(self) -> None:
         """Check a loaded state against the pipe now: this epoch will not read it here.
@@ -362,6 +363,3 @@ class Leaf(Stage):
 
     def parts(self, total: int, worker: int, *, any_order: bool = False) -> Any:
         no_length(self, "its shards are not split by split_shards")
-
-    def want(self, fields: frozenset[str] | None) -> None:
-        """Nothing to decode here."""

@@ -14,7 +14,7 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.datapipe import _IterDataPipeSerializationWrapper
@@ -159,15 +159,11 @@ class _Leaf(Leaf, _View):
 
     def __init__(self, pipe: IterDataPipe[Any], split: bool, yields: str | None) -> None:
         _View.__init__(self, pipe, None)
-        self._split = split
+        self.split = split
         self.yields = yields  # shard URLs from a lister; from an IterableWrapper, not known
 
     def placement(self) -> tuple[int, int]:
         return worker_placement()
-
-    @property
-    def split(self) -> bool:  # type: ignore[override]
-        return self._split
 
     def length(self, total: int, worker: int | None) -> int:
         if self.yields is None:  # items, not shards: every worker reads all (or its share)
@@ -187,7 +183,7 @@ class _Refused(_View):
             self._refuse()
         return super().sources()
 
-    def _refuse(self) -> None:
+    def _refuse(self) -> NoReturn:
         name = type(self.pipe).__name__
         way = (
             "for a sample shuffle buffer use .shuffle_samples(buffer_size=N) after open_tar "
@@ -212,11 +208,9 @@ class _Refused(_View):
 
     def references(self) -> Iterator[Any]:
         self._refuse()
-        return iter(())
 
     def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
         self._refuse()
-        return iter(())
 
 
 #: torch's pipes and their stage views, by class: the first of a pipe's classes (its MRO)

@@ -127,11 +127,6 @@ class Mixer(Clocked, Pipe):
     def endless(self) -> bool:
         return self.resample
 
-    @override
-    def want(self, fields: frozenset[str] | None) -> None:
-        for source in self.sources():
-            source.want(fields)
-
     def state(self) -> dict[str, Any]:
         """The draws' position, and every source's state."""
         draws = self._draws.state() if self._draws is not None else None
