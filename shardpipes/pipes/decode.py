@@ -20,10 +20,10 @@ from shardpipes._core.handlers import Handler, check_handler
 from shardpipes._core.images import check_image_mode
 from shardpipes._core.reading import reference
 from shardpipes._core.stage import checked_int
-from shardpipes._core.steps import InFlight, guard, guarded, threaded
+from shardpipes._core.steps import InFlight, guard, threaded
 from shardpipes.errors import UnsafeDataError
-from shardpipes.pipes._stage import Pipe, functional_form
-from shardpipes.pipes.fields import takes_samples
+from shardpipes.pipes._stage import functional_form
+from shardpipes.pipes.fields import StepPipe
 
 __all__ = ["DecodeOptions", "SampleDecoder", "chw_tensor", "decoder_table", "load_weights"]
 
@@ -73,7 +73,7 @@ class DecodeOptions:
 
 
 @functional_form("decode")
-class SampleDecoder(Pipe):
+class SampleDecoder(StepPipe):
     """Decodes the fields of each sample by extension (functional name: ``decode``).
 
     Each field is decoded by the decoder for its full extension (``"seg.png"``) if there
@@ -135,9 +135,7 @@ class SampleDecoder(Pipe):
         threads: int = 0,
         **decoders: Decoder | None,
     ) -> None:
-        takes_samples(source_datapipe, "decode")
-        super().__init__()
-        self.source_datapipe = source_datapipe
+        super().__init__(source_datapipe, "decode")
         if isinstance(image, DecodeOptions):
             options = image
         else:
@@ -182,19 +180,15 @@ class SampleDecoder(Pipe):
         return functools.partial(self._decoding.sample, only=self._only)
 
     def _iterate(self) -> Iterator[dict[str, Any]]:
-        source = iter(self.source_datapipe)
         if self.threads < 2:
-            return guarded(source, self._step(), self.handler)
+            return super()._iterate()
+        source = iter(self.source_datapipe)
         ahead, self._ahead = self._ahead, []
         if ahead:  # restored: the samples the threads held, first
             source = itertools.chain(self.sources()[0].fetch(ahead), source)
         self._flight = InFlight()
         step = guard(self._step(), self.handler)
         return threaded(source, step, self.threads, self.threads * 2, self._flight)
-
-    @override
-    def fetch(self, refs: Iterable[Any]) -> Iterator[Any]:
-        return guarded(self.sources()[0].fetch(refs), self._step(), self.handler)
 
 
 def chw_tensor(array: numpy.ndarray[Any, Any]) -> torch.Tensor:

@@ -47,10 +47,15 @@ def takes_samples(
     raise TypeError(msg)
 
 
-class _Step(Pipe):
-    """A stage that applies a step to each sample (and to each fetched one), holding nothing."""
+class StepPipe(Pipe):
+    """A stage of sample dicts that applies a step to each (and to each fetched one)."""
 
     handler: Any
+
+    def __init__(self, source_datapipe: IterDataPipe[Any], stage: str) -> None:
+        takes_samples(source_datapipe, stage)
+        super().__init__()
+        self.source_datapipe = source_datapipe
 
     def _step(self) -> Callable[[Any], Any]:
         raise NotImplementedError
@@ -63,7 +68,7 @@ class _Step(Pipe):
 
 
 @functional_form("to_tuple")
-class TupleMaker(_Step):
+class TupleMaker(StepPipe):
     """Turns each sample dict into a tuple of some of its fields (functional name: ``to_tuple``).
 
     Always yields a tuple, even for one field (as WebDataset does). In a field,
@@ -98,9 +103,7 @@ class TupleMaker(_Step):
         if not fields:
             msg = "fields must name at least one field (got none)"
             raise ValueError(msg)
-        takes_samples(source_datapipe, "to_tuple")
-        super().__init__()
-        self.source_datapipe = source_datapipe
+        super().__init__(source_datapipe, "to_tuple")
         self._alternatives = parse_fields(fields)
         self.fields = fields
         self.handler = check_handler(handler)
@@ -113,7 +116,7 @@ class TupleMaker(_Step):
 
 
 @functional_form("rename_fields")
-class FieldRenamer(_Step):
+class FieldRenamer(StepPipe):
     """Renames the fields of each sample (functional name: ``rename_fields``).
 
     webdataset's ``.rename(image="jpg;png", label="cls")``: each new name takes the first
@@ -150,9 +153,7 @@ class FieldRenamer(_Step):
         if not names:
             msg = "rename_fields needs at least one new=old name, e.g. image='jpg;png'"
             raise ValueError(msg)
-        takes_samples(source_datapipe, "rename_fields")
-        super().__init__()
-        self.source_datapipe = source_datapipe
+        super().__init__(source_datapipe, "rename_fields")
         self.names = {new: parse_fields((old,))[0] for new, old in names.items()}
         self.keep = bool(keep)
         self.handler = check_handler(handler)
@@ -165,7 +166,7 @@ class FieldRenamer(_Step):
 
 
 @functional_form("map_fields")
-class FieldMapper(_Step):
+class FieldMapper(StepPipe):
     """Applies a function to some fields of each sample (functional name: ``map_fields``).
 
     webdataset's ``.map_dict(jpg=f, cls=g)``. Holds nothing between samples.
@@ -198,9 +199,7 @@ class FieldMapper(_Step):
         if not functions or bad:
             msg = f"map_fields takes field=function pairs (not callable: {bad})"
             raise TypeError(msg)
-        takes_samples(source_datapipe, "map_fields")
-        super().__init__()
-        self.source_datapipe = source_datapipe
+        super().__init__(source_datapipe, "map_fields")
         self.mapping = Functions(dict(functions))  # lambdas: not in torch's graph walk
         self.handler = check_handler(handler)
 
