@@ -41,18 +41,13 @@ def distributed() -> tuple[int, int]:
     return 1, 0
 
 
-def worker_placement(ranks: tuple[int, int] | None = None) -> tuple[int, int]:
-    """``(total workers, global index)`` from the DataLoader worker and the distributed rank.
-
-    Args:
-        ranks: ``(world size, rank)`` when known (taken in the main process: a worker
-            started by ``spawn`` has no process group); default :func:`distributed`.
-    """
+def worker_placement() -> tuple[int, int]:
+    """``(total workers, global index)`` from the DataLoader worker and the distributed rank."""
     from shardpipes._core.split import global_worker
 
     info = get_worker_info()
     num_workers, worker_id = (info.num_workers, info.id) if info is not None else (1, 0)
-    world_size, rank = ranks or distributed()
+    world_size, rank = distributed()
     return global_worker(world_size, rank, num_workers, worker_id)
 
 

@@ -90,9 +90,7 @@ class SampleLimiter(Pipe):
                 if self._given >= quota:
                     return
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            getattr(items, "close", lambda: None)()
 
     def _iterate(self) -> Iterator[Any]:
         return self._limited(iter(self.source_datapipe))

@@ -152,15 +152,13 @@ class Mixer(Clocked, Pipe):
         self._fresh, self._draws = True, None
         if state is None:
             self.clock.restart()
-            self._loaded, self._yielded = None, 0
-            for source in self.sources():
-                source.reset(None)
-            return
-        self._check(state)
-        self.clock.load(dict(state), "mix")
-        self._loaded, self._yielded = state, int(state.get("yielded", 0))
+        else:
+            self._check(state)
+            self.clock.load(dict(state), "mix")
+        self._loaded = state
+        self._yielded = 0 if state is None else int(state.get("yielded", 0))
         for name, pipe in self.mixed.items():
-            as_stage(pipe).reset(state["sources"][name])
+            as_stage(pipe).reset(None if state is None else state["sources"][name])
 
     def _check(self, state: Any) -> None:
         loaded_state(state, "mix", "sources")

@@ -136,7 +136,6 @@ class ShardReader:
         self, *, index: bool | Mapping[str, str] = False, options: ReadOptions | None = None
     ) -> None:
         options = options or ReadOptions()
-        self.options = options
         self.max_member_bytes = options.max_member_bytes
         self.storage_options = dict(options.storage_options or {})
         self.retry = RetryPolicy(retries=options.retries)

@@ -123,7 +123,7 @@ class ShardLister(Leaf, Pipe):
         yield from urls
 
     def _glob(self, url: str) -> list[str]:
-        found = [name for name in fs.glob(url, self.storage_options) if not _sidecar(name)]
+        found = [name for name in fs.glob(url, self.storage_options) if not name.endswith(SIDECARS)]
         if not found:
             msg = "no shard matches the pattern"
             raise NoShardsError(msg, url=url)
@@ -154,11 +154,6 @@ class ShardLister(Leaf, Pipe):
 
 #: what shardpipes writes beside shards: a glob over the shards' names leaves them out
 SIDECARS = (".idx", "classes.json")
-
-
-def _sidecar(url: str) -> bool:
-    """Whether ``url`` is a sidecar shardpipes writes (an index, a class list), not a shard."""
-    return url.endswith(SIDECARS)
 
 
 def _not_a_folder(url: str) -> str:

@@ -232,9 +232,7 @@ def as_part(item: Any) -> ShardPart:
     if isinstance(item, str):
         return ShardPart(item)
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-        close = getattr(item[1], "close", None)
-        if close is not None:
-            close()
+        getattr(item[1], "close", lambda: None)()
         return ShardPart(item[0])
     msg = (
         "open_tar reads shard URLs (list_shards, split_shards) or (URL, stream) pairs "
