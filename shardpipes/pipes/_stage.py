@@ -119,7 +119,16 @@ class Pipe(Stage, IterDataPipe[Any]):
                 worker processes (save the loader's state), or the pipeline holds a stage
                 that cannot be resumed.
         """
-        _check_read_here(self)
+        loader, workers = READ_IN_WORKERS.get(self, (None, 0))
+        if loader is not None and loader() is not None and get_worker_info() is None:
+            msg = (
+                f"this pipe is read by a DataLoader's {workers} worker processes: its state in "
+                "this process holds nothing they read, and resuming from it would repeat the "
+                "epoch. Save the loader's state instead: loader.state_dict() of a "
+                "torchdata StatefulDataLoader (it gathers the workers'); sp.resume_from and "
+                "load_state_dict take it"
+            )
+            raise ValueError(msg)
         return envelope(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -169,21 +178,6 @@ def pipeline_state(state: Any) -> Any:
     msg = (
         f"not a shardpipes state of version {VERSION} (got {found}): a state_dict() "
         "of this pipeline, or a StatefulDataLoader's state of it"
-    )
-    raise ValueError(msg)
-
-
-def _check_read_here(pipe: Any) -> None:
-    """Refuse a pipe's own state in a process whose DataLoader reads it in workers."""
-    loader, workers = READ_IN_WORKERS.get(pipe, (None, 0))
-    if loader is None or loader() is None or get_worker_info() is not None:
-        return
-    msg = (
-        f"this pipe is read by a DataLoader's {workers} worker processes: its state in "
-        "this process holds nothing they read, and resuming from it would repeat the "
-        "epoch. Save the loader's state instead: loader.state_dict() of a "
-        "torchdata StatefulDataLoader (it gathers the workers'); sp.resume_from and "
-        "load_state_dict take it"
     )
     raise ValueError(msg)
 

@@ -73,10 +73,7 @@ class SampleLimiter(Pipe):
         self._given = 0  # a cycle_epochs after it: n per pass
         super().next_pass()
 
-    @override
-    @property
-    def endless(self) -> bool:
-        return False
+    endless = False  # it ends at its count
 
     def _limited(self, items: Iterator[Any]) -> Iterator[Any]:
         quota = self.quota(*self.sources()[0].placement())

@@ -127,8 +127,7 @@ class TarOpener(Pipe):
         source.checked()  # every shard exists, before the epoch's first sample
         if first is not None:
             yield first.sample
-            for loc in located:
-                yield loc.sample
+            yield from (loc.sample for loc in located)
         policy.end()
 
     def _references(self) -> Iterator[Sample]:
