@@ -106,12 +106,13 @@ def global_worker(world_size: int, rank: int, num_workers: int, worker_id: int) 
     return world_size * num_workers, worker_id * world_size + rank
 
 
-def share(n: int, total: int, worker: int) -> int:
+def share(n: int, total: int, worker: int, *, even: bool = False) -> int:
     """Worker ``worker``'s share of ``n`` items over ``total`` workers.
 
     ``n // total``, the first ``n % total`` workers one more: the shares add up to ``n``.
+    ``even``: ``n // total`` for every worker.
     """
-    return n // total + (worker < n % total)
+    return n // total + (not even and worker < n % total)
 
 
 def check_worker(total: int, worker: int) -> None:

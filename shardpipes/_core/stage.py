@@ -51,10 +51,10 @@ def as_stage(pipe: Any) -> Stage:
     return _ADAPTER(pipe)
 
 
-def no_length(pipe: Any, why: str = "") -> NoReturn:
-    """Raise torch's standard error for a pipe whose length is not known (and why)."""
-    msg = f"{type(pipe).__name__} instance doesn't have valid length"
-    raise TypeError(f"{msg}: {why}" if why else msg)
+def no_length(pipe: Any, why: str) -> NoReturn:
+    """Raise torch's standard error for a pipe whose length is not known, and why."""
+    msg = f"{type(pipe).__name__} instance doesn't have valid length: {why}"
+    raise TypeError(msg)
 
 
 def checked_int(value: Any, name: str, minimum: int = 1, *, optional: bool = False) -> Any:

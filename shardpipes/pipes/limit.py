@@ -48,9 +48,7 @@ class SampleLimiter(Pipe):
         With ``split_shards(even=True)`` upstream (DDP), ``n // total`` for every worker:
         ranks that gave different counts would hang a collective.
         """
-        if self.sources()[0].even:
-            return self.n // total
-        return share(self.n, total, worker)
+        return share(self.n, total, worker, even=self.sources()[0].even)
 
     def state(self) -> dict[str, Any]:
         """The source's state, the items given this epoch by this worker, and ``n``."""

@@ -198,9 +198,7 @@ class Mixer(Clocked, Pipe):
                 f"({total}): some would have no sample to give"
             )
             raise ValueError(msg)
-        if self.even:
-            return self.epoch_size // total
-        return share(self.epoch_size, total, worker)
+        return share(self.epoch_size, total, worker, even=self.even)
 
     def _mix(self, opened: Callable[[str], Iterator[Any]]) -> Iterator[Any]:
         total, worker = self.placement()

@@ -321,7 +321,6 @@ class ShardReader:
 
 
 def _whole(part: ShardPart) -> bool:
-    """Whether ``part`` is its whole shard."""
     return part.parts == 1 and part.start == 0 and part.stop is None
 
 
