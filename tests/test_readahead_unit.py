@@ -694,6 +694,28 @@ def test_a_chained_reads_file_is_closed_with_its_stream(storage: Storage, tmp_pa
         ahead.open(whole(f"simplecache::file://{tmp_path}/gone.tar")).read()
 
 
+@pytest.mark.parametrize("chained", [False, True], ids=["ranged", "chained"])
+def test_a_read_is_counted_once(storage: Storage, tmp_path: Path, chained: bool) -> None:
+    """``READ_STATS``: one open and the bytes read, once, chained (``simplecache::``) or not."""
+    from shardpipes.fs import READ_STATS
+
+    data = payload(100_000)
+    if chained:
+        (tmp_path / "a.tar").write_bytes(data)
+        ahead = ReadAhead(
+            lambda url: (LocalFileSystem(), url.rpartition("file://")[2]), storage.fetch,
+            storage.size, RetryPolicy(retries=0), None,
+        )  # fmt: skip
+        read = whole(f"simplecache::file://{tmp_path}/a.tar")
+    else:
+        storage.files["s3://b/a.tar"] = data
+        ahead, read = ahead_of(storage), whole("s3://b/a.tar")
+    READ_STATS.reset()
+    with ahead.open(read) as stream:
+        assert stream.read() == data
+    assert (READ_STATS.opens, READ_STATS.bytes) == (1, len(data))
+
+
 # -- processes --------------------------------------------------------------------------------
 
 

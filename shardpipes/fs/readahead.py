@@ -140,7 +140,8 @@ class ReadAhead:
                 self._sources.insert(sum(s.started for s in self._sources), source)
             source.started = True
             self._pump()
-        READ_STATS.count(opens=1)
+        if not source.chained:  # a chained read's ResilientStream counts its own
+            READ_STATS.count(opens=1)
         stream = AheadFile(self, source)
         try:
             source.ready.result()  # raises what finding it raised

@@ -38,9 +38,8 @@ class AheadFile(ReadOnly):
         """Read up to ``n`` bytes (all to the end with ``-1``), waiting for their blocks."""
         whole = self._whole()
         if whole is not None:
-            data = whole.read(n)
+            data = whole.read(n)  # counted by the ResilientStream
             self.pos += len(data)
-            READ_STATS.count(bytes=len(data))
             return data
         parts: list[bytes] = []
         want = n if n >= 0 else None
