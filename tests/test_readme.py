@@ -567,6 +567,8 @@ def test_trainer_block(block: Block, real_shards: RealShards, tmp_path: Path) ->
     if block.trainer == "lightning":
         assert "Restored all states from the checkpoint" in done.stderr
         return
+    saved = sorted(path.name for path in (tmp_path / "checkpoint").glob("loader-*.pt"))
+    assert saved == ["loader-0.pt", "loader-1.pt"], "each process saves its own loader state"
     epochs = [[x for loop in r["loops"] for x in loop] for r in reports]
     assert all(len(r["loops"]) == 2 for r in reports), "a loop stopped, then the rest"
     assert len(epochs[0]) == len(epochs[1]), "even=True, yet the processes differ"

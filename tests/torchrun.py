@@ -71,8 +71,11 @@ def accelerate_launch(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``script args`` under ``accelerate launch`` on ``processes`` CPU processes.
 
-    ``--multi_gpu`` is accelerate's launcher of torchrun's processes; without a GPU they
-    train on the CPU (gloo), as ``accelerate launch --cpu`` would run one process only.
+    ``--multi_gpu`` is accelerate's launcher of torchrun's processes, as ``accelerate
+    launch --cpu`` would run one process only. ``ACCELERATE_USE_CPU`` (what ``use_cpu`` in
+    accelerate's config sets) makes them its ``MULTI_CPU`` processes: without it, an
+    ``Accelerator()`` on a machine without a GPU is ``DistributedType.NO``, each process
+    its ``process_index`` 0, while torch.distributed has two ranks.
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -80,7 +83,8 @@ def accelerate_launch(
     launch = ["accelerate.commands.launch", "--multi_gpu", f"--num_processes={processes}",
               "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
               f"--main_process_port={port}"]  # fmt: skip
-    return torchrun("-m", [*launch, str(script), *args], ranks=None, cwd=cwd)
+    environ = {"ACCELERATE_USE_CPU": "true"}
+    return torchrun("-m", [*launch, str(script), *args], ranks=None, cwd=cwd, env=environ)
 
 
 def arm_stack_dump() -> None:
