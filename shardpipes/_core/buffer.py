@@ -32,15 +32,20 @@ class Reader:
     def tell(self) -> int:
         return self.base + self.pos
 
-    def _raw(self, n: int) -> bytes:
-        """Read up to ``n`` bytes (fewer only at the end of the stream or of the limit)."""
+    def _raw(self, n: int, least: int | None = None) -> bytes:
+        """Read up to ``n`` bytes, and at least ``least`` (default ``n``) unless the stream ends.
+
+        A stream may give fewer than it was asked for (a remote read gives what has come):
+        the reader goes on with that where it needs no more (its samples parse meanwhile).
+        """
         if self.left is not None:
             n = min(n, self.left)
+        least = n if least is None else min(least, n)
         if self.failed is not None:
             raise self.failed
         parts: list[bytes] = []
         got = 0
-        while got < n:
+        while got < least:
             try:
                 data = self.stream.read(min(n - got, PIECE))
             except (OSError, EOFError, zlib.error) as exc:
@@ -70,7 +75,7 @@ class Reader:
             tail = self._raw(need)
             self.base += len(tail)
         else:
-            self.buf = self._raw(CHUNK)
+            self.buf = self._raw(CHUNK, need)
             tail = self.buf[:need]
             self.pos = len(tail)
         return head + tail if head else tail

@@ -11,8 +11,10 @@ its plan, from :meth:`ReadAhead.plan`) and keeps fetching it in blocks, several 
   of the file, whose size is then asked for, in parallel with the first block);
 * blocks are ``budget / (2 × concurrency)`` bytes, within [:data:`MIN_BLOCK`,
   :data:`MAX_BLOCK`]; a read that the reader already waits for (the first one, or one
-  not planned) starts at :data:`FIRST_BLOCK` and doubles, so that its first samples come
-  after one round trip;
+  not planned) starts with two blocks of :data:`FIRST_BLOCK`, asked for at once, then
+  doubles, so that its first samples (up to 2 MiB) come after one round trip and one
+  block's transfer (a block is used once whole: a 2 MiB second block made a first batch
+  of 1.6 MB wait for 2 MiB);
 * a block counts against the budget from the moment it is asked for until the reader has
   read past it: fetched, in flight and unread bytes together never exceed ``budget``
   (one block may, when the budget is smaller than a block);
@@ -207,7 +209,8 @@ class ReadAhead:
             self.peak = max(self.peak, self._held)
             self._inflight += 1
             source.cursor += length
-            source.grow = min(source.grow * 2, self.block)
+            if source.cursor - start > FIRST_BLOCK:  # 1, 1, 2, 4… MiB: the first two at once
+                source.grow = min(source.grow * 2, self.block)
             self._submit(lambda s=source, b=block: self._get(s, b))  # type: ignore[misc]
         return True
 

@@ -35,7 +35,11 @@ class AheadFile(ReadOnly):
         return stream
 
     def read(self, n: int = -1) -> bytes:
-        """Read up to ``n`` bytes (all to the end with ``-1``), waiting for their blocks."""
+        """Read up to ``n`` bytes (all to the end with ``-1``), waiting for their blocks.
+
+        Fewer than ``n`` where the next block has not come yet and some bytes have: at
+        least one byte, unless at the end of the file (as a raw stream reads).
+        """
         whole = self._whole()
         if whole is not None:
             data = whole.read(n)  # counted by the ResilientStream
@@ -45,8 +49,8 @@ class AheadFile(ReadOnly):
         want = n if n >= 0 else None
         while want is None or want > 0:
             block = self._block()
-            if block is None:
-                break
+            if block is None or (parts and want is not None and not block.future.done()):
+                break  # what has come so far, rather than wait (a reader parses it meanwhile)
             data = block.future.result()
             start = self.pos - block.offset
             stop = len(data) if want is None else min(len(data), start + want)
