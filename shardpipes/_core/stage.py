@@ -308,10 +308,13 @@ class Stage:
         for source in self.sources():
             source.defer_check()
 
-    def checked(self) -> None:
-        """Wait for a check begun by :meth:`defer_check`; raise what it found."""
+    def checked(self, *, first: bool = False) -> None:
+        """Wait for a check begun by :meth:`defer_check`; raise what it found.
+
+        ``first``: before the epoch's first sample, where a long check may go on.
+        """
         for source in self.sources():
-            source.checked()
+            source.checked(first=first)
 
     def policies(self) -> dict[int, Any]:
         """The error policies of the reading stages upstream, by ``id``."""

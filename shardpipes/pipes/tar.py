@@ -121,13 +121,14 @@ class TarOpener(Pipe):
         located = run.located()
         try:
             first = next(located, None)
+            source.checked(first=True)  # every shard exists, before the epoch's first sample
+            if first is not None:
+                yield first.sample
+                yield from (loc.sample for loc in located)
+            source.checked()  # (a long check, not waited for before the first sample)
         except ShardNotFoundError:
             source.checked()  # the check's error names and counts every missing shard
             raise
-        source.checked()  # every shard exists, before the epoch's first sample
-        if first is not None:
-            yield first.sample
-            yield from (loc.sample for loc in located)
         policy.end()
 
     def _references(self) -> Iterator[Sample]:

@@ -206,6 +206,27 @@ def test_missing_shards_fail_before_reading(folder: tuple[str, dict[str, Any]]) 
     assert delivered == []  # train-000000 and 000001 exist, but came after the check
 
 
+def test_many_http_shards_are_not_all_looked_up_before_the_first_sample(
+    http_server: StaticHTTP, make_shards: Callable[..., Dataset]
+) -> None:
+    """40 shards over HTTP, one lookup each: the first samples come before the check ends.
+
+    The missing shard fails as it is opened, with the check's message (naming and counting).
+    """
+    data = make_shards(40, 6)
+    name = http_server.new_folder()
+    http_server.add({f"{name}/{Path(u).name}": Path(u) for i, u in enumerate(data.urls) if i != 30})
+    base = http_server.url(name)
+    pattern = f"{base}/train-{{000000..000039}}.tar"
+    delivered: list[object] = []
+    pipe = sp.recipes.tar_shards(pattern, fields=("txt", "cls"), shuffle=False)
+    with pytest.raises(sp.ShardNotFoundError) as info:
+        delivered.extend(pipe)  # (what came before the error stays in the list)
+    missing = f"{base}/train-000030.tar"
+    assert str(info.value) == f"{missing}: no such file (1 of 40 shards missing)"
+    assert len(delivered) == 30 * 6
+
+
 def test_present_shards_pass_the_check(folder: tuple[str, dict[str, Any]]) -> None:
     """The check finds every listed shard that exists, and lists them all, in order."""
     base, options = folder
