@@ -41,11 +41,11 @@ from shardpipes.fs.files import (
     has_magic,
     is_folder,
     listdir,
-    looked_up,
     missing_files,
     open_output,
     remove_file,
     size,
+    slow_to_check,
     walk,
 )
 from shardpipes.fs.reads import fetch_range, file_size, open_input, read_ahead
@@ -69,13 +69,13 @@ __all__ = [
     "is_remote",
     "listdir",
     "load_backend",
-    "looked_up",
     "missing_files",
     "open_input",
     "open_output",
     "read_ahead",
     "remove_file",
     "size",
+    "slow_to_check",
     "url_to_fs",
     "walk",
 ]

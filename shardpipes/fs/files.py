@@ -177,12 +177,17 @@ def _call(url: str, fn: Callable[[], T], retry: RetryPolicy | None = None, *, wh
 
 
 _LISTED = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})  # prefix listings
-LOOKUPS = 16  #: concurrent lookups where files are looked up one by one
+_LOOKUPS = 16  # concurrent lookups where files are looked up one by one
 
 
-def looked_up(url: str) -> bool:
-    """Whether :func:`missing_files` asks about ``url`` alone (HTTP), not in a listing."""
-    return is_remote(url) and ("::" in url or _protocol(url) not in _LISTED)
+def slow_to_check(urls: Iterable[str]) -> bool:
+    """Whether :func:`missing_files` asks about more of ``urls`` one by one than at once.
+
+    Those are remote files outside a listing (HTTP, chained URLs): past one round of
+    lookups, each round costs a round trip.
+    """
+    alone = sum(is_remote(url) and ("::" in url or _protocol(url) not in _LISTED) for url in urls)
+    return alone > _LOOKUPS
 
 
 def missing_files(
@@ -214,7 +219,7 @@ def missing_files(
         else:
             lookups.append((url, filesystem, path))
     absent = {u for (f, folder), e in folders.items() for u in _unlisted(f, folder, e, retry)}
-    with ThreadPoolExecutor(min(LOOKUPS, len(lookups) or 1)) as pool:
+    with ThreadPoolExecutor(min(_LOOKUPS, len(lookups) or 1)) as pool:
         gone = pool.map(lambda lookup: _absent(lookup, retry), lookups)
         absent.update(url for (url, _, _), no in zip(lookups, gone, strict=True) if no)
     return [url for url in wanted if url in absent]

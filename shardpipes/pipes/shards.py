@@ -15,7 +15,6 @@ from shardpipes import fs
 from shardpipes._core.braces import expand_braces
 from shardpipes._core.stage import Leaf
 from shardpipes.errors import NoShardsError, ShardNotFoundError
-from shardpipes.fs.files import LOOKUPS
 from shardpipes.fs.retry import RetryPolicy
 from shardpipes.pipes._stage import Pipe
 from shardpipes.pipes._torch import worker_placement
@@ -131,7 +130,7 @@ class ShardLister(Leaf, Pipe):
         defer, self._defer = self._defer, False
         if self.check_exists and named and defer:
             self._checking = _in_thread(functools.partial(self._check, named, len(urls)))
-            self._long = sum(map(fs.looked_up, named)) > LOOKUPS
+            self._long = fs.slow_to_check(named)
         elif self.check_exists and named:
             self._check(named, len(urls))
         yield from urls
